@@ -1,0 +1,351 @@
+#include "lowering/builder.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace torch_pjrt::lowering {
+
+std::string i64_array(const std::vector<int64_t>& v) {
+  std::string s = "array<i64";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : ": ") + std::to_string(v[i]);
+  return s + ">";
+}
+
+std::string i64_list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+namespace {
+
+std::string types_of(const std::vector<Value>& vs) {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].type.str();
+  return s;
+}
+
+std::string ids_of(const std::vector<Value>& vs) {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].id;
+  return s;
+}
+
+std::string hex_bits(uint64_t bits, int width) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%0*llX", width, static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+const char* cmp_name(Cmp c) {
+  switch (c) {
+    case Cmp::EQ: return "EQ";
+    case Cmp::NE: return "NE";
+    case Cmp::LT: return "LT";
+    case Cmp::LE: return "LE";
+    case Cmp::GT: return "GT";
+    case Cmp::GE: return "GE";
+  }
+  return "EQ";
+}
+
+}  // namespace
+
+std::string Builder::fresh() { return "%v" + std::to_string(next_++); }
+
+Value Builder::param(const TensorType& type) {
+  Value v{"%arg" + std::to_string(params_.size()), type};
+  params_.push_back(type);
+  return v;
+}
+
+Value Builder::constant(const Scalar& v, DType dtype) {
+  if (dtype == DType::F16 || dtype == DType::BF16)
+    return convert(constant(v, DType::F32), dtype);
+  std::string lit;
+  switch (dtype) {
+    case DType::Bool:
+      lit = (v.kind == Scalar::Float ? v.f != 0.0 : v.i != 0) ? "true" : "false";
+      break;
+    case DType::F32: {
+      float f = static_cast<float>(v.to_double());
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      lit = hex_bits(bits, 8);
+      break;
+    }
+    case DType::F64: {
+      double d = v.to_double();
+      uint64_t bits;
+      std::memcpy(&bits, &d, 8);
+      lit = hex_bits(bits, 16);
+      break;
+    }
+    default: {
+      // Integers wrap like a C cast, as PyTorch does for out-of-range values.
+      int64_t i = v.kind == Scalar::Float ? static_cast<int64_t>(v.f) : v.i;
+      switch (dtype) {
+        case DType::U8: i = static_cast<uint8_t>(i); break;
+        case DType::I8: i = static_cast<int8_t>(i); break;
+        case DType::I16: i = static_cast<int16_t>(i); break;
+        case DType::I32: i = static_cast<int32_t>(i); break;
+        default: break;
+      }
+      lit = std::to_string(i);
+    }
+  }
+  TensorType t{dtype, {}};
+  std::string id = fresh();
+  body_ += "    " + id + " = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + t.str() +
+           "} : () -> " + t.str() + "\n";
+  return Value{id, t};
+}
+
+Value Builder::splat(const Scalar& v, const TensorType& type) {
+  Value c = constant(v, type.dtype);
+  if (type.shape.empty()) return c;
+  return broadcast_in_dim(c, type.shape, {});
+}
+
+Value Builder::op(const std::string& name, const std::vector<Value>& operands,
+                  const TensorType& result, const std::string& attrs) {
+  return op_multi(name, operands, {result}, attrs)[0];
+}
+
+std::vector<Value> Builder::op_multi(const std::string& name, const std::vector<Value>& operands,
+                                     const std::vector<TensorType>& results,
+                                     const std::string& attrs, const std::string& region) {
+  std::string id = fresh();
+  std::string rtypes;
+  for (size_t i = 0; i < results.size(); ++i) rtypes += (i ? ", " : "") + results[i].str();
+  std::string line = "    " + id + (results.size() > 1 ? ":" + std::to_string(results.size()) : "") +
+                     " = \"" + name + "\"(" + ids_of(operands) + ")";
+  if (!region.empty()) line += " (" + region + ")";
+  if (!attrs.empty()) line += " {" + attrs + "}";
+  line += " : (" + types_of(operands) + ") -> ";
+  line += results.size() == 1 ? rtypes : "(" + rtypes + ")";
+  body_ += line + "\n";
+  std::vector<Value> out;
+  for (size_t i = 0; i < results.size(); ++i)
+    out.push_back(Value{results.size() > 1 ? id + "#" + std::to_string(i) : id, results[i]});
+  return out;
+}
+
+Value Builder::binary(const std::string& name, const Value& a, const Value& b) {
+  if (a.type != b.type)
+    throw std::runtime_error("builder: " + name + " operand types differ: " + a.type.str() +
+                             " vs " + b.type.str());
+  return op("stablehlo." + name, {a, b}, a.type);
+}
+
+Value Builder::compare(Cmp dir, const Value& a, const Value& b) {
+  std::string type = is_float(a.dtype()) ? "FLOAT" : is_unsigned(a.dtype()) || a.dtype() == DType::Bool ? "UNSIGNED" : "SIGNED";
+  return op("stablehlo.compare", {a, b}, TensorType{DType::Bool, a.shape()},
+            std::string("comparison_direction = #stablehlo<comparison_direction ") + cmp_name(dir) +
+                ">, compare_type = #stablehlo<comparison_type " + type + ">");
+}
+
+Value Builder::select(const Value& pred, const Value& t, const Value& f) {
+  return op("stablehlo.select", {pred, t, f}, t.type);
+}
+
+Value Builder::convert(const Value& x, DType to) {
+  if (x.dtype() == to) return x;
+  if (to == DType::Bool) {
+    // Nonzero is true, as in PyTorch (a plain convert would truncate).
+    return compare(Cmp::NE, x, splat(Scalar::from_int(0), x.type));
+  }
+  return op("stablehlo.convert", {x}, TensorType{to, x.shape()});
+}
+
+Value Builder::bitcast_convert(const Value& x, const TensorType& to) {
+  return op("stablehlo.bitcast_convert", {x}, to);
+}
+
+Value Builder::reshape(const Value& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  return op("stablehlo.reshape", {x}, TensorType{x.dtype(), shape});
+}
+
+Value Builder::transpose(const Value& x, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == int64_t(i);
+  if (identity) return x;
+  Shape s;
+  for (auto p : perm) s.push_back(x.shape()[p]);
+  return op("stablehlo.transpose", {x}, TensorType{x.dtype(), s},
+            "permutation = " + i64_array(perm));
+}
+
+Value Builder::broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims) {
+  if (x.shape() == shape) return x;
+  return op("stablehlo.broadcast_in_dim", {x}, TensorType{x.dtype(), shape},
+            "broadcast_dimensions = " + i64_array(dims));
+}
+
+Value Builder::broadcast_to(const Value& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  int64_t r = x.rank(), R = static_cast<int64_t>(shape.size());
+  if (r > R) throw std::runtime_error("builder: cannot broadcast " + x.type.str() + " to fewer dims");
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < r; ++i) {
+    int64_t target = shape[R - r + i];
+    if (x.shape()[i] != target && x.shape()[i] != 1)
+      throw std::runtime_error("builder: cannot broadcast " + x.type.str());
+    dims.push_back(R - r + i);
+  }
+  return broadcast_in_dim(x, shape, dims);
+}
+
+Value Builder::slice(const Value& x, const Shape& start, const Shape& limit, const Shape& strides_in) {
+  Shape strides = strides_in.empty() ? Shape(start.size(), 1) : strides_in;
+  Shape out;
+  bool identity = true;
+  for (size_t i = 0; i < start.size(); ++i) {
+    int64_t n = limit[i] > start[i] ? (limit[i] - start[i] + strides[i] - 1) / strides[i] : 0;
+    out.push_back(n);
+    identity &= start[i] == 0 && limit[i] == x.shape()[i] && strides[i] == 1;
+  }
+  if (identity) return x;
+  return op("stablehlo.slice", {x}, TensorType{x.dtype(), out},
+            "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
+                ", strides = " + i64_array(strides));
+}
+
+Value Builder::pad(const Value& x, const Value& pad_value, const Shape& low, const Shape& high,
+                   const Shape& interior_in) {
+  Shape interior = interior_in.empty() ? Shape(low.size(), 0) : interior_in;
+  Shape out;
+  for (size_t i = 0; i < low.size(); ++i) {
+    int64_t n = x.shape()[i];
+    out.push_back(low[i] + high[i] + n + (n > 0 ? (n - 1) * interior[i] : 0));
+  }
+  return op("stablehlo.pad", {x, pad_value}, TensorType{x.dtype(), out},
+            "edge_padding_low = " + i64_array(low) + ", edge_padding_high = " + i64_array(high) +
+                ", interior_padding = " + i64_array(interior));
+}
+
+Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
+  if (xs.size() == 1) return xs[0];
+  Shape s = xs[0].shape();
+  s[dim] = 0;
+  for (const auto& x : xs) s[dim] += x.shape()[dim];
+  return op("stablehlo.concatenate", xs, TensorType{xs[0].dtype(), s},
+            "dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::reverse(const Value& x, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return x;
+  return op("stablehlo.reverse", {x}, x.type, "dimensions = " + i64_array(dims));
+}
+
+Value Builder::iota(const TensorType& type, int64_t dim) {
+  return op("stablehlo.iota", {}, type, "iota_dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::dynamic_update_slice(const Value& x, const Value& update, const Shape& start) {
+  if (update.shape() == x.shape()) return update;
+  std::vector<Value> operands{x, update};
+  for (auto s : start) operands.push_back(constant_int(s, DType::I64));
+  return op("stablehlo.dynamic_update_slice", operands, x.type);
+}
+
+Value Builder::dynamic_slice(const Value& x, const std::vector<Value>& start, const Shape& sizes) {
+  std::vector<Value> operands{x};
+  operands.insert(operands.end(), start.begin(), start.end());
+  return op("stablehlo.dynamic_slice", operands, TensorType{x.dtype(), sizes},
+            "slice_sizes = " + i64_array(sizes));
+}
+
+std::string Builder::binary_region(DType dtype, const std::string& body_op) {
+  TensorType s{dtype, {}};
+  std::string a = fresh(), b = fresh(), r = fresh();
+  return "{\n    ^bb0(" + a + ": " + s.str() + ", " + b + ": " + s.str() + "):\n      " + r +
+         " = \"" + body_op + "\"(" + a + ", " + b + ") : (" + s.str() + ", " + s.str() + ") -> " +
+         s.str() + "\n      \"stablehlo.return\"(" + r + ") : (" + s.str() + ") -> ()\n    }";
+}
+
+Value Builder::reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,
+                      const std::string& body_op) {
+  if (dims.empty()) return x;
+  Shape out;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    bool reduced = false;
+    for (auto d : dims) reduced |= d == i;
+    if (!reduced) out.push_back(x.shape()[i]);
+  }
+  std::vector<int64_t> sorted = dims;
+  std::sort(sorted.begin(), sorted.end());
+  return op_multi("stablehlo.reduce", {x, init}, {TensorType{x.dtype(), out}},
+                  "dimensions = " + i64_array(sorted), binary_region(x.dtype(), body_op))[0];
+}
+
+Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
+                           const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
+                           const std::vector<int64_t>& contract_b, DType result_dtype) {
+  Shape out;
+  for (auto d : batch_a) out.push_back(a.shape()[d]);
+  auto free_dims = [&](const Value& v, const std::vector<int64_t>& batch,
+                       const std::vector<int64_t>& contract) {
+    for (int64_t i = 0; i < v.rank(); ++i) {
+      bool used = false;
+      for (auto d : batch) used |= d == i;
+      for (auto d : contract) used |= d == i;
+      if (!used) out.push_back(v.shape()[i]);
+    }
+  };
+  free_dims(a, batch_a, contract_a);
+  free_dims(b, batch_b, contract_b);
+  return op("stablehlo.dot_general", {a, b}, TensorType{result_dtype, out},
+            "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + i64_list(batch_a) +
+                ", rhs_batching_dimensions = " + i64_list(batch_b) +
+                ", lhs_contracting_dimensions = " + i64_list(contract_a) +
+                ", rhs_contracting_dimensions = " + i64_list(contract_b) + ">");
+}
+
+Value Builder::gather_elements(const Value& x, const Value& indices) {
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
+  Shape out(indices.shape().begin(), indices.shape().end() - 1);
+  return op("stablehlo.gather", {x, indices}, TensorType{x.dtype(), out},
+            "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = " + i64_list(all) +
+                ", start_index_map = " + i64_list(all) +
+                ", index_vector_dim = " + std::to_string(indices.rank() - 1) +
+                ">, slice_sizes = " + i64_array(Shape(x.rank(), 1)) +
+                ", indices_are_sorted = false");
+}
+
+Value Builder::scatter_elements(const Value& x, const Value& indices, const Value& updates,
+                                const std::string& combine_op) {
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
+  std::string region;
+  if (combine_op.empty()) {
+    // Replace: return the update value.
+    TensorType s{x.dtype(), {}};
+    std::string a = fresh(), b = fresh();
+    region = "{\n    ^bb0(" + a + ": " + s.str() + ", " + b + ": " + s.str() +
+             "):\n      \"stablehlo.return\"(" + b + ") : (" + s.str() + ") -> ()\n    }";
+  } else {
+    region = binary_region(x.dtype(), combine_op);
+  }
+  return op_multi("stablehlo.scatter", {x, indices, updates}, {x.type},
+                  "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " +
+                      i64_list(all) + ", scatter_dims_to_operand_dims = " + i64_list(all) +
+                      ", index_vector_dim = " + std::to_string(indices.rank() - 1) +
+                      ">, indices_are_sorted = false, unique_indices = false",
+                  region)[0];
+}
+
+std::string Builder::finish(const std::vector<Value>& results) const {
+  std::string s = "module @torch_pjrt {\n  func.func public @main(";
+  for (size_t i = 0; i < params_.size(); ++i)
+    s += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + params_[i].str();
+  s += ") -> (" + types_of(results) + ") {\n" + body_;
+  s += "    \"func.return\"(" + ids_of(results) + ") : (" + types_of(results) + ") -> ()\n  }\n}\n";
+  return s;
+}
+
+}  // namespace torch_pjrt::lowering

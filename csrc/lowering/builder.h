@@ -1,0 +1,80 @@
+// A small typed builder that emits a StableHLO module as MLIR text in the
+// generic operation syntax, which every StableHLO version parses the same way.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lowering/types.h"
+
+namespace torch_pjrt::lowering {
+
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+class Builder {
+ public:
+  Value param(const TensorType& type);
+
+  // Constants. Float values are emitted bit-exactly; f16/bf16 via f32.
+  Value constant(const Scalar& v, DType dtype);
+  Value constant(double v, DType dtype) { return constant(Scalar::from_float(v), dtype); }
+  Value constant_int(int64_t v, DType dtype) { return constant(Scalar::from_int(v), dtype); }
+  Value splat(const Scalar& v, const TensorType& type);
+  Value zeros(const TensorType& type) { return splat(Scalar::from_int(0), type); }
+
+  // Generic operation: `name` like "stablehlo.add", attrs inside { }.
+  Value op(const std::string& name, const std::vector<Value>& operands, const TensorType& result,
+           const std::string& attrs = "");
+  std::vector<Value> op_multi(const std::string& name, const std::vector<Value>& operands,
+                              const std::vector<TensorType>& results, const std::string& attrs,
+                              const std::string& region = "");
+
+  Value unary(const std::string& name, const Value& x) { return op("stablehlo." + name, {x}, x.type); }
+  Value binary(const std::string& name, const Value& a, const Value& b);  // same shapes/dtypes
+  Value compare(Cmp dir, const Value& a, const Value& b);
+  Value select(const Value& pred, const Value& on_true, const Value& on_false);
+  Value convert(const Value& x, DType to);
+  Value bitcast_convert(const Value& x, const TensorType& to);
+  Value reshape(const Value& x, const Shape& shape);
+  Value transpose(const Value& x, const std::vector<int64_t>& perm);
+  Value broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims);
+  // NumPy-style broadcast of `x` to `shape` (trailing dims aligned).
+  Value broadcast_to(const Value& x, const Shape& shape);
+  Value slice(const Value& x, const Shape& start, const Shape& limit, const Shape& strides = {});
+  Value pad(const Value& x, const Value& pad_value, const Shape& low, const Shape& high,
+            const Shape& interior = {});
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  Value reverse(const Value& x, const std::vector<int64_t>& dims);
+  Value iota(const TensorType& type, int64_t dim);
+  Value dynamic_update_slice(const Value& x, const Value& update, const Shape& start);
+  Value dynamic_slice(const Value& x, const std::vector<Value>& start, const Shape& sizes);
+  // Reduce `x` over `dims` with a binary body op ("stablehlo.add", "stablehlo.maximum", ...).
+  Value reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,
+               const std::string& body_op);
+  Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
+                    const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
+                    const std::vector<int64_t>& contract_b, DType result_dtype);
+  // gather/scatter of single elements of `x` along every dim, indices of shape
+  // [..., rank(x)] (index_vector_dim last).
+  Value gather_elements(const Value& x, const Value& indices);
+  Value scatter_elements(const Value& x, const Value& indices, const Value& updates,
+                         const std::string& combine_op = "");
+
+  // A region `{ ^bb0(%a: T, %b: T): %r = body(%a, %b); return %r }` for reduce/scatter.
+  std::string binary_region(DType dtype, const std::string& body_op);
+
+  // Wraps everything emitted so far as `func.func @main` returning `results`.
+  std::string finish(const std::vector<Value>& results) const;
+
+  std::string fresh();
+
+ private:
+  int next_ = 0;
+  std::vector<TensorType> params_;
+  std::string body_;
+};
+
+std::string i64_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"
+std::string i64_list(const std::vector<int64_t>& v);   // "[1, 2]"
+
+}  // namespace torch_pjrt::lowering

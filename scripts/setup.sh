@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: Python env, pinned packages, the PJRT
+# C API header, and the C++ build. Every other script sources this one.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+BUILD="${TORCH_PJRT_BUILD_DIR:-$ROOT/build}"
+TF_WHEEL_VERSION=2.21.0   # the tensorflow-cpu wheel we take pjrt_c_api.h from
+HEADER="$ROOT/third_party/include/xla/pjrt/c/pjrt_c_api.h"
+
+log() { echo "[setup] $*" >&2; }
+
+if [ ! -x "$PY" ]; then
+  log "creating $VENV"
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.requirements.sha"
+want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  log "installing pinned Python packages"
+  "$PY" -m pip install -q -r "$ROOT/requirements.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+  "$PY" -c "import torch, xla_plugins" >/dev/null
+  echo "$want" > "$stamp"
+fi
+
+if [ ! -f "$HEADER" ]; then
+  log "fetching pjrt_c_api.h from tensorflow-cpu==$TF_WHEEL_VERSION (header only, nothing installed)"
+  dl="$(mktemp -d)"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$dl" "tensorflow-cpu==$TF_WHEEL_VERSION" 2>&1 \
+    | grep -v "is ignored: it is neither" || true
+  "$PY" - "$dl" "$ROOT/third_party/include" <<'PYEOF'
+import glob, sys, zipfile, os
+wheel = glob.glob(os.path.join(sys.argv[1], "tensorflow_cpu-*.whl"))[0]
+member = "tensorflow/include/xla/pjrt/c/pjrt_c_api.h"
+dst = os.path.join(sys.argv[2], "xla/pjrt/c/pjrt_c_api.h")
+os.makedirs(os.path.dirname(dst), exist_ok=True)
+with zipfile.ZipFile(wheel) as z, open(dst, "wb") as f:
+    f.write(z.read(member))
+PYEOF
+  rm -rf "$dl"
+fi
+
+if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  log "installing ccache (Debian)"
+  (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 || log "ccache unavailable; building without it"
+fi
+
+log "building the C++ extension in $BUILD"
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DPython_EXECUTABLE="$PY" >/dev/null
+cmake --build "$BUILD" -- -j"${TORCH_PJRT_JOBS:-$(nproc)}" | grep -v "^\[" || true
+test -f "$BUILD"/torch_pjrt_C*.so || { echo "[setup] build failed" >&2; exit 1; }
