@@ -1,0 +1,206 @@
+// The few ATen kernels a PrivateUse1 backend must provide itself (allocation,
+// views, resize, copies across devices, host reads), plus the boxed fallback
+// that sends every other op to the eager executor and its lowering registry.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/set_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "device/current_device.h"
+#include "device/dtype_map.h"
+#include "device/storage.h"
+#include "eager/executor.h"
+#include "lowering/builder.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+constexpr auto kTpu = c10::DeviceType::PrivateUse1;
+
+c10::Device resolve(std::optional<c10::Device> d) {
+  if (d && d->has_index()) return *d;
+  return c10::Device(kTpu, static_cast<c10::DeviceIndex>(current_device()));
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  c10::Device dev = resolve(device);
+  runtime::Runtime::get().check_device(dev.index());
+  c10::DeviceGuard guard(dev);
+  auto st = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  to_dtype(st);  // rejects dtypes the backend cannot hold
+  return at::detail::empty_generic(size, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   st, memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  c10::Device dev = resolve(device);
+  runtime::Runtime::get().check_device(dev.index());
+  c10::DeviceGuard guard(dev);
+  auto st = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  to_dtype(st);
+  return at::detail::empty_strided_generic(size, stride, allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st);
+}
+
+// Grows the storage to `nbytes`, keeping its contents (new bytes read as zero).
+void grow_storage(const at::Tensor& self, size_t nbytes) {
+  c10::Storage storage = self.storage();
+  StorageBuffer& old = storage_of(storage);
+  c10::DeviceGuard guard(self.device());
+  c10::DataPtr fresh = allocator()->allocate(nbytes);
+  auto* sb = static_cast<StorageBuffer*>(fresh.get_context());
+  if (old.buffer && old.nbytes > 0 && nbytes % lowering::itemsize(old.dtype) == 0) {
+    int64_t old_n = old.numel();
+    int64_t new_n = static_cast<int64_t>(nbytes) / lowering::itemsize(old.dtype);
+    lowering::DType dt = old.dtype;
+    std::string key = "$grow|" + std::to_string(int(dt)) + "|" + std::to_string(old_n) + "|" +
+                      std::to_string(new_n);
+    sb->buffer = eager::run_cached(key, {old.buffer}, old.device, [&](lowering::Builder& b) {
+      auto v = b.param(lowering::TensorType{dt, {old_n}});
+      return std::vector<lowering::Value>{b.pad(v, b.constant_int(0, dt), {0}, {new_n - old_n})};
+    })[0];
+    sb->dtype = dt;
+  } else if (old.buffer && old.nbytes > 0) {
+    // Odd byte counts: go through the host.
+    std::vector<char> host(nbytes, 0);
+    runtime::Runtime::get().buffer_to_host(*old.buffer, host.data(), old.nbytes);
+    sb->buffer = runtime::Runtime::get().buffer_from_host(host.data(), PJRT_Buffer_Type_U8,
+                                                          {static_cast<int64_t>(nbytes)}, old.device);
+    sb->dtype = lowering::DType::U8;
+  }
+  storage.set_data_ptr_noswap(std::move(fresh));
+  storage.set_nbytes(nbytes);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  size_t needed = (static_cast<size_t>(self.storage_offset()) + static_cast<size_t>(self.numel())) *
+                  self.itemsize();
+  if (self.numel() > 0 && needed > self.storage().nbytes()) grow_storage(self, needed);
+  if (memory_format && *memory_format != c10::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(*memory_format);
+  return self;
+}
+
+// Host -> tpu, tpu -> host and tpu -> tpu (same or another device).
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.numel() == 0) return self;
+  bool dst_tpu = self.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
+  auto& rt = runtime::Runtime::get();
+  if (dst_tpu && src_tpu && self.device() == src.device()) {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    torch::jit::Stack stack{self, src, non_blocking};
+    eager::lowering_fallback(op, &stack);
+    return self;
+  }
+  if (dst_tpu && src_tpu) {
+    at::Tensor dense = src.contiguous();
+    auto moved = rt.copy_to_device(*eager::materialize(dense), self.device().index(), dense.nbytes());
+    at::Tensor staged = at::empty(dense.sizes(), dense.options().device(self.device()));
+    storage_of(staged).buffer = moved;
+    storage_of(staged).dtype = to_dtype(dense.scalar_type());
+    return self.copy_(staged);
+  }
+  if (dst_tpu) {
+    TORCH_CHECK(src.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
+    // Dtype conversion and broadcasting happen on the host, with PyTorch's CPU rules.
+    at::Tensor host = src.to(self.scalar_type()).expand(self.sizes()).contiguous();
+    auto buffer = rt.buffer_from_host(host.data_ptr(), to_pjrt(to_dtype(host.scalar_type())),
+                                      {host.numel()}, self.device().index());
+    eager::assign(self, buffer);
+    return self;
+  }
+  TORCH_CHECK(self.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
+  at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
+  rt.buffer_to_host(*eager::materialize(src), host.data_ptr(), host.nbytes());
+  self.copy_(host);
+  return self;
+}
+
+at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor out = dst;
+  copy_(out, self, non_blocking);
+  return dst;
+}
+
+at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::Tensor out = dst;
+  out.resize_(self.sizes());
+  copy_(out, self, false);
+  return dst;
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  runtime::Runtime::get().buffer_to_host(*eager::materialize(self), host.data_ptr(), host.nbytes());
+  return host.item();
+}
+
+// Data-dependent output shapes: computed on the host, as TorchTPU also does.
+at::Tensor nonzero(const at::Tensor& self) { return at::nonzero(self.cpu()).to(self.device()); }
+at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset,
+                               c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  return self;
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& src) {
+  return set_source_storage(self, src.storage(), src.sym_storage_offset(), src.sym_sizes(), src.sym_strides());
+}
+
+at::Tensor& set_storage_only(at::Tensor& self, c10::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes()) / self.itemsize();
+  std::vector<c10::SymInt> size{c10::SymInt(n)}, stride{c10::SymInt(1)};
+  return set_source_storage(self, std::move(source), c10::SymInt(0), size, stride);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage s(c10::Storage::use_byte_size_t(), 0, allocator(), true);
+  return set_storage_only(self, s);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("resize_", resize_);
+  m.impl("copy_", copy_);
+  m.impl("_copy_from", _copy_from);
+  m.impl("_copy_from_and_resize", _copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("nonzero", nonzero);
+  m.impl("masked_select", masked_select);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_.source_Storage", set_storage_only);
+  m.impl("set_", set_empty);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
+}
+
+}  // namespace torch_pjrt::device

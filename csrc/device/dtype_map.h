@@ -1,0 +1,64 @@
+// PyTorch dtypes <-> the lowering library's and PJRT's element types.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include "lowering/types.h"
+#include "xla/pjrt/c/pjrt_c_api.h"
+
+namespace torch_pjrt::device {
+
+inline lowering::DType to_dtype(c10::ScalarType t) {
+  using lowering::DType;
+  switch (t) {
+    case c10::kBool: return DType::Bool;
+    case c10::kByte: return DType::U8;
+    case c10::kChar: return DType::I8;
+    case c10::kShort: return DType::I16;
+    case c10::kInt: return DType::I32;
+    case c10::kLong: return DType::I64;
+    case c10::kHalf: return DType::F16;
+    case c10::kBFloat16: return DType::BF16;
+    case c10::kFloat: return DType::F32;
+    case c10::kDouble: return DType::F64;
+    default:
+      TORCH_CHECK_TYPE(false, "torch_pjrt: dtype ", t, " is not supported on device tpu");
+  }
+}
+
+inline c10::ScalarType to_scalar_type(lowering::DType t) {
+  using lowering::DType;
+  switch (t) {
+    case DType::Bool: return c10::kBool;
+    case DType::U8: return c10::kByte;
+    case DType::I8: return c10::kChar;
+    case DType::I16: return c10::kShort;
+    case DType::I32: return c10::kInt;
+    case DType::I64: return c10::kLong;
+    case DType::F16: return c10::kHalf;
+    case DType::BF16: return c10::kBFloat16;
+    case DType::F32: return c10::kFloat;
+    case DType::F64: return c10::kDouble;
+  }
+  return c10::kFloat;
+}
+
+inline PJRT_Buffer_Type to_pjrt(lowering::DType t) {
+  using lowering::DType;
+  switch (t) {
+    case DType::Bool: return PJRT_Buffer_Type_PRED;
+    case DType::U8: return PJRT_Buffer_Type_U8;
+    case DType::I8: return PJRT_Buffer_Type_S8;
+    case DType::I16: return PJRT_Buffer_Type_S16;
+    case DType::I32: return PJRT_Buffer_Type_S32;
+    case DType::I64: return PJRT_Buffer_Type_S64;
+    case DType::F16: return PJRT_Buffer_Type_F16;
+    case DType::BF16: return PJRT_Buffer_Type_BF16;
+    case DType::F32: return PJRT_Buffer_Type_F32;
+    case DType::F64: return PJRT_Buffer_Type_F64;
+  }
+  return PJRT_Buffer_Type_INVALID;
+}
+
+}  // namespace torch_pjrt::device

@@ -1,0 +1,40 @@
+// Device storage: what a tpu tensor's DataPtr points at.
+//
+// PJRT buffers are immutable, so a storage is a mutable slot holding the
+// current buffer (a flat 1-D array). Writing to any view of the storage swaps
+// in a new buffer, so every tensor sharing the storage sees the write, exactly
+// as PyTorch's view semantics require. The DataPtr's address is a unique fake
+// address (never dereferenced) so data_ptr() arithmetic stays meaningful.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+
+#include "lowering/types.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::device {
+
+struct StorageBuffer {
+  int device = 0;
+  size_t nbytes = 0;
+  // Element type of `buffer`; the buffer holds nbytes / itemsize(dtype) elements.
+  lowering::DType dtype = lowering::DType::U8;
+  // Null until first written; reads see zeros, so nothing reads garbage.
+  runtime::BufferPtr buffer;
+  int64_t numel() const { return static_cast<int64_t>(nbytes) / lowering::itemsize(dtype); }
+};
+
+c10::Allocator* allocator();
+StorageBuffer& storage_of(const at::Tensor& t);
+StorageBuffer& storage_of(const c10::Storage& s);
+
+// The buffer of `sb`, created as zeros of `dtype` if it was never written.
+const runtime::BufferPtr& ensure_buffer(StorageBuffer& sb, lowering::DType dtype);
+
+// Bytes held by live storages on `device`, and the peak since the last reset.
+int64_t memory_allocated(int device);
+int64_t max_memory_allocated(int device);
+void reset_peak_memory_stats(int device);
+
+}  // namespace torch_pjrt::device

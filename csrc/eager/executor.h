@@ -1,0 +1,36 @@
+// The eager frontend: every ATen op on tpu tensors that has no dedicated
+// kernel lands in `lowering_fallback`, which builds (or finds in its cache) a
+// one-op StableHLO program from the lowering registry and launches it
+// asynchronously. Only host reads wait.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "lowering/builder.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::eager {
+
+void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The tensor's elements, dense and row-major, in its own dtype (runs a small
+// program when the tensor is a strided view).
+runtime::BufferPtr materialize(const at::Tensor& t);
+// Writes a dense row-major buffer of `t`'s dtype and shape into t's view.
+void assign(const at::Tensor& t, runtime::BufferPtr values);
+
+// Builds and runs a cached program outside the op registry (view reads and
+// writes). `build` adds parameters in the order of `inputs`.
+std::vector<runtime::BufferPtr> run_cached(
+    const std::string& key, const std::vector<runtime::BufferPtr>& inputs, int device,
+    const std::function<std::vector<lowering::Value>(lowering::Builder&)>& build);
+
+int64_t executable_cache_size();
+void clear_executable_cache();
+
+}  // namespace torch_pjrt::eager

@@ -1,0 +1,95 @@
+// Binary arithmetic with PyTorch's type promotion and broadcasting, copy and fill.
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// add/sub: self + alpha * other, computed in the promoted dtype.
+std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
+  Builder& b = ctx.b;
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape);
+  Value o = operand_as(ctx, "other", dt, shape);
+  Scalar alpha = ctx.scalar("alpha", Scalar::from_int(1));
+  if (alpha.to_double() != 1.0) o = b.binary("multiply", o, b.splat(alpha, o.type));
+  if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
+    return {b.binary("or", a, o)};
+  return {b.binary(hlo, a, o)};
+}
+
+std::vector<Value> mul(LoweringContext& ctx) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape), o = operand_as(ctx, "other", dt, shape);
+  return {ctx.b.binary(dt == DType::Bool ? "and" : "multiply", a, o)};
+}
+
+std::vector<Value> div(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  std::string mode = ctx.str("rounding_mode");
+  DType dt = compute_dtype(ctx, "self", "other");
+  if (mode.empty() && !is_float(dt)) dt = DType::F32;  // true division of integers
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  if (mode == "floor") return {floor_divide(b, a, d)};
+  Value q = b.binary("divide", a, d);  // integer divide truncates
+  if (mode == "trunc" && is_float(dt))
+    q = b.select(b.compare(Cmp::LT, q, splat_like(b, 0, q)), b.unary("ceil", q), b.unary("floor", q));
+  return {q};
+}
+
+std::vector<Value> remainder(LoweringContext& ctx) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  return {python_remainder(ctx.b, a, d)};
+}
+
+std::vector<Value> fmod(LoweringContext& ctx) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  return {ctx.b.binary("remainder", a, d)};
+}
+
+std::vector<Value> floor_div(LoweringContext& ctx) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  return {floor_divide(ctx.b, a, d)};
+}
+
+// copy_(self, src): src converted to self's dtype and broadcast to its shape.
+std::vector<Value> copy(LoweringContext& ctx) {
+  return {ctx.b.convert(ctx.tensor("src"), ctx.out().dtype)};
+}
+
+// fill_(self, value): value may be a Scalar or a 0-d tensor.
+std::vector<Value> fill(LoweringContext& ctx) {
+  return {ctx.b.broadcast_to(ctx.operand("value", ctx.out().dtype), ctx.out().shape)};
+}
+
+std::vector<Value> zero(LoweringContext& ctx) {
+  return {ctx.b.zeros(ctx.out())};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("add", [](LoweringContext& c) { return add_sub(c, "add"); });
+TORCH_PJRT_LOWERING("sub", [](LoweringContext& c) { return add_sub(c, "subtract"); });
+TORCH_PJRT_LOWERING("rsub", [](LoweringContext& c) {
+  // rsub(self, other, alpha) = other - alpha * self
+  std::swap(c.args[0].name, c.args[1].name);
+  return add_sub(c, "subtract");
+});
+TORCH_PJRT_LOWERING("mul", mul);
+TORCH_PJRT_LOWERING("div", div);
+TORCH_PJRT_LOWERING("remainder", remainder);
+TORCH_PJRT_LOWERING("fmod", fmod);
+TORCH_PJRT_LOWERING("floor_divide", floor_div);
+TORCH_PJRT_LOWERING("copy", copy);
+TORCH_PJRT_LOWERING("fill", fill);
+TORCH_PJRT_LOWERING("zero", zero);
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,40 @@
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+
+DType compute_dtype(const LoweringContext& ctx, const std::string& a, const std::string& b) {
+  return result_type({ctx.promotion(a), ctx.promotion(b)});
+}
+
+Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, const Shape& shape) {
+  return ctx.b.broadcast_to(ctx.operand(name, dtype), shape);
+}
+
+Value splat_like(Builder& b, double v, const Value& like) {
+  return b.splat(is_float(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
+}
+
+Value floor_divide(Builder& b, const Value& a, const Value& d) {
+  if (is_float(a.dtype())) return b.unary("floor", b.binary("divide", a, d));
+  // Integer: truncating division, minus one where the signs differ and it is inexact.
+  Value q = b.binary("divide", a, d);
+  if (is_unsigned(a.dtype()) || a.dtype() == DType::Bool) return q;
+  Value zero = splat_like(b, 0, a);
+  Value r = b.binary("remainder", a, d);
+  Value inexact = b.compare(Cmp::NE, r, zero);
+  Value signs_differ = b.compare(Cmp::NE, b.compare(Cmp::LT, a, zero), b.compare(Cmp::LT, d, zero));
+  Value adjust = b.binary("and", inexact, signs_differ);
+  return b.select(adjust, b.binary("subtract", q, splat_like(b, 1, q)), q);
+}
+
+Value python_remainder(Builder& b, const Value& a, const Value& d) {
+  // C remainder, then shifted by the divisor where the signs differ.
+  Value r = b.binary("remainder", a, d);
+  if (is_unsigned(a.dtype())) return r;
+  Value zero = splat_like(b, 0, a);
+  Value nonzero = b.compare(Cmp::NE, r, zero);
+  Value signs_differ = b.compare(Cmp::NE, b.compare(Cmp::LT, r, zero), b.compare(Cmp::LT, d, zero));
+  return b.select(b.binary("and", nonzero, signs_differ), b.binary("add", r, d), r);
+}
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,21 @@
+// Helpers shared by the lowering files in this folder.
+#pragma once
+
+#include "lowering/registry.h"
+
+namespace torch_pjrt::lowering::ops {
+
+// The dtype PyTorch computes a binary op in: torch.result_type(self, other).
+DType compute_dtype(const LoweringContext& ctx, const std::string& a, const std::string& b);
+
+// `name` (tensor or scalar) converted to `dtype` and broadcast to `shape`.
+Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, const Shape& shape);
+
+// Scalar constant broadcast to the type of `like`.
+Value splat_like(Builder& b, double v, const Value& like);
+
+// Floor division and remainder with Python semantics, for int or float.
+Value floor_divide(Builder& b, const Value& a, const Value& d);
+Value python_remainder(Builder& b, const Value& a, const Value& d);
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,94 @@
+// The one registry mapping an ATen op to its StableHLO lowering. Eager, fused
+// eager and torch.compile all build programs through it.
+//
+// A lowering is registered once under the ATen base name ("add"), optionally
+// with an overload ("max.dim"). It computes the functional result; in-place
+// ("add_") and out= variants reuse it: the caller writes the result into the
+// mutated tensor.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowering/builder.h"
+
+namespace torch_pjrt::lowering {
+
+// One argument of the op, in schema order.
+struct Arg {
+  enum Kind : uint8_t { None, Tensor, TensorList, OptTensorList, Int, Float, Bool, IntList,
+                        FloatList, String, ScalarType, Other } kind = None;
+  std::string name;
+  Value tensor;                          // Tensor
+  bool wrapped_number = false;           // Tensor made from a Python scalar
+  std::vector<Value> tensors;            // TensorList
+  std::vector<std::optional<Value>> opt_tensors;  // OptTensorList (index)
+  Scalar scalar;                         // Int, Float, Bool
+  std::vector<int64_t> ints;             // IntList
+  std::vector<double> floats;            // FloatList
+  std::string str;                       // String
+  DType dtype = DType::F32;              // ScalarType
+};
+
+struct LoweringContext {
+  Builder& b;
+  std::string op;        // base name without "aten::" and without a trailing "_"
+  std::string overload;  // "Tensor", "dim", "" ...
+  std::vector<Arg> args;
+  // Result types, from PyTorch's own shape and dtype inference.
+  std::vector<TensorType> outputs;
+  // A u64[2] random state input, present when the op asked for one.
+  std::optional<Value> rng_state;
+  std::optional<Value> rng_state_out;  // set by random lowerings: the advanced state
+
+  const Arg* find(const std::string& name) const;
+  const Arg& arg(const std::string& name) const;  // throws if absent
+  bool has(const std::string& name) const;         // present and not None
+  const Value& tensor(const std::string& name) const;
+  Scalar scalar(const std::string& name, Scalar dflt = Scalar::from_int(0)) const;
+  double to_double(const std::string& name, double dflt) const;
+  int64_t to_int(const std::string& name, int64_t dflt) const;
+  bool to_bool(const std::string& name, bool dflt) const;
+  std::vector<int64_t> ints(const std::string& name) const;
+  std::string str(const std::string& name, const std::string& dflt = "") const;
+  // A tensor argument or a Scalar argument as a value of `dtype` with the
+  // output's shape broadcast applied later by the caller.
+  Value operand(const std::string& name, DType dtype);
+  // The promotion class of an argument (for torch.result_type).
+  PromotionOperand promotion(const std::string& name) const;
+  const TensorType& out(size_t i = 0) const { return outputs.at(i); }
+  [[noreturn]] void fail(const std::string& why) const;
+};
+
+using LowerFn = std::function<std::vector<Value>(LoweringContext&)>;
+
+struct LoweringInfo {
+  LowerFn fn;
+  bool needs_rng = false;
+};
+
+void register_lowering(const std::string& name, LowerFn fn, bool needs_rng = false);
+// Looks up "name.overload", then "name".
+const LoweringInfo* find_lowering(const std::string& name, const std::string& overload);
+std::vector<std::string> registered_lowerings();
+
+// Static registration from each lowering file.
+struct LoweringRegistrar {
+  LoweringRegistrar(const char* name, LowerFn fn, bool needs_rng = false) {
+    register_lowering(name, std::move(fn), needs_rng);
+  }
+};
+#define TP_CONCAT_INNER(a, b) a##b
+#define TP_CONCAT(a, b) TP_CONCAT_INNER(a, b)
+#define TORCH_PJRT_LOWERING(name, ...) \
+  static ::torch_pjrt::lowering::LoweringRegistrar TP_CONCAT(tp_lowering_, __COUNTER__)(name, __VA_ARGS__)
+
+// Helpers shared by many lowerings.
+int64_t wrap_dim(int64_t dim, int64_t rank);
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t rank);  // empty -> all
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+
+}  // namespace torch_pjrt::lowering

@@ -1,0 +1,27 @@
+// Reading and writing a strided view (sizes, strides, storage offset) of a
+// flat storage array, as StableHLO. This is how PyTorch's view semantics meet
+// XLA's immutable dense arrays: a read decomposes the view into slice /
+// reshape / transpose / broadcast (gather only for irregular strides); a write
+// is the inverse and yields a new flat storage array.
+#pragma once
+
+#include "lowering/builder.h"
+
+namespace torch_pjrt::lowering {
+
+struct StridedView {
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;
+  bool covers_whole(int64_t storage_numel) const;  // offset 0, contiguous, all elements
+  bool is_contiguous() const;
+};
+
+// `flat` is rank-1 of the view's dtype.
+Value read_strided(Builder& b, const Value& flat, const StridedView& view);
+// Returns `flat` with the view's elements replaced by `values` (shape = sizes).
+Value write_strided(Builder& b, const Value& flat, const Value& values, const StridedView& view);
+// Reinterprets the bytes of a flat array as another dtype (like Tensor.view(dtype)).
+Value reinterpret_flat(Builder& b, const Value& flat, DType to);
+
+}  // namespace torch_pjrt::lowering

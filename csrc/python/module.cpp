@@ -1,0 +1,62 @@
+// Python bindings: torch_pjrt._C. Plugin selection policy lives in Python
+// (torch_pjrt/_plugin.py); this module exposes the C++ layers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "device/current_device.h"
+#include "device/storage.h"
+#include "eager/executor.h"
+#include "lowering/registry.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace py = pybind11;
+using namespace torch_pjrt;
+
+PYBIND11_MODULE(torch_pjrt_C, m) {
+  m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
+    runtime::Runtime::initialize(path, name, cpu_devices);
+  });
+  m.def("initialized", &runtime::Runtime::initialized);
+  m.def("discover_plugins", &runtime::discover_plugins);
+  m.def("resolve_plugin", &runtime::resolve_plugin);
+  m.def("plugin_info", [] {
+    const auto& info = runtime::Runtime::get().info();
+    py::dict d;
+    d["name"] = info.name;
+    d["path"] = info.path;
+    d["platform"] = info.platform;
+    d["platform_version"] = info.platform_version;
+    d["api_version"] = py::make_tuple(info.api_major, info.api_minor);
+    py::dict attrs;
+    for (const auto& [k, v] : info.attributes) attrs[py::str(k)] = v;
+    d["attributes"] = attrs;
+    return d;
+  });
+  m.def("device_count", &device::device_count);
+  m.def("current_device", &device::current_device);
+  m.def("set_device", &device::set_current_device);
+  m.def("device_kind", [](int i) { return runtime::Runtime::get().device_kind(i); });
+  m.def("synchronize", [](int device) {
+    py::gil_scoped_release release;
+    runtime::Runtime::get().synchronize(device);
+  });
+  m.def("memory_allocated", &device::memory_allocated);
+  m.def("max_memory_allocated", &device::max_memory_allocated);
+  m.def("reset_peak_memory_stats", &device::reset_peak_memory_stats);
+  m.def("metrics", [] {
+    auto& mt = runtime::metrics();
+    py::dict d;
+    d["xla_compiles"] = mt.xla_compiles.load();
+    d["compile_seconds"] = mt.compile_seconds.load();
+    d["executable_cache_hits"] = mt.executable_cache_hits.load();
+    d["executable_cache_misses"] = mt.executable_cache_misses.load();
+    d["executions"] = mt.executions.load();
+    d["host_to_device_bytes"] = mt.host_to_device_bytes.load();
+    d["device_to_host_bytes"] = mt.device_to_host_bytes.load();
+    d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
+    d["executable_cache_size"] = eager::executable_cache_size();
+    return d;
+  });
+  m.def("clear_executable_cache", &eager::clear_executable_cache);
+  m.def("registered_lowerings", &lowering::registered_lowerings);
+}

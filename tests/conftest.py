@@ -1,0 +1,94 @@
+"""Shared test helpers: every tpu result is compared with PyTorch on CPU."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import torch_pjrt  # noqa: E402,F401  (registers the tpu device)
+
+DEVICE = "tpu"
+
+# Tolerances per dtype (rtol, atol). XLA's CPU kernels use their own
+# approximations of transcendental functions, so float32 gets a little more
+# room than PyTorch's default (1.3e-6, 1e-5).
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
+
+
+def tpu(x):
+    """Moves tensors (or nested lists/tuples of them) to the tpu device."""
+    if isinstance(x, torch.Tensor):
+        return x.to(DEVICE)
+    if isinstance(x, (list, tuple)):
+        return type(x)(tpu(e) for e in x)
+    return x
+
+
+def cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(cpu(e) for e in x)
+    return x
+
+
+def assert_same(actual, expected, rtol=None, atol=None, check_stride=False):
+    """tpu result vs CPU result: same dtype, shape, values within the dtype's tolerance."""
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e, rtol, atol, check_stride)
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == pytest.approx(expected)
+        return
+    assert actual.device.type == DEVICE, f"result on {actual.device}, expected tpu"
+    a = actual.cpu()
+    assert a.dtype == expected.dtype, f"dtype {a.dtype} != {expected.dtype}"
+    assert a.shape == expected.shape, f"shape {tuple(a.shape)} != {tuple(expected.shape)}"
+    r, t = TOLERANCES.get(expected.dtype, (0, 0))
+    torch.testing.assert_close(a, expected, rtol=r if rtol is None else rtol,
+                               atol=t if atol is None else atol, equal_nan=True)
+    if check_stride:
+        assert a.stride() == expected.stride()
+
+
+def make(shape, dtype=torch.float32, low=-3, high=3, seed=0, noncontiguous=False):
+    """Deterministic CPU test data; noncontiguous=True gives a strided view."""
+    g = torch.Generator().manual_seed(seed)
+    full = list(shape)
+    if noncontiguous and full:
+        full[-1] = full[-1] * 2
+    if dtype == torch.bool:
+        t = torch.randint(0, 2, full, generator=g).bool()
+    elif dtype.is_floating_point:
+        t = (torch.rand(full, generator=g, dtype=torch.float64) * (high - low) + low).to(dtype)
+    else:
+        lo = 0 if dtype == torch.uint8 else low
+        t = torch.randint(lo, high + 1, full, generator=g).to(dtype)
+    if noncontiguous and full:
+        t = t[..., ::2]
+        assert not t.is_contiguous() or t.numel() <= 1
+    return t
+
+
+@pytest.fixture
+def metrics_delta():
+    """Returns a function giving the change in torch_pjrt.metrics() since the fixture began."""
+    before = torch_pjrt.metrics()
+
+    def delta():
+        now = torch_pjrt.metrics()
+        return {k: now[k] - before[k] for k in now}
+    return delta

@@ -1,0 +1,48 @@
+"""torch_pjrt: a native PyTorch device ("tpu") over any PJRT plugin.
+
+Importing this package loads the PJRT plugin (env TORCH_PJRT_PLUGIN, or the
+best one installed), renames PyTorch's PrivateUse1 backend to "tpu" and
+registers torch.tpu.
+"""
+import os
+
+import torch
+
+from . import _loader, _plugin, _state, device_module
+
+__all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache"]
+
+
+def _initialize():
+    C = _loader.load_extension()
+    name, path = _plugin.choose(C)
+    cpu_devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "2"))
+    C.init(path, name, cpu_devices)
+    _state.C = C
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch._register_device_module("tpu", device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+
+
+_initialize()
+
+
+def metrics():
+    """Counters of this process: xla_compiles, executable_cache_hits, executions,
+    host_to_device_bytes, device_to_host_bytes, ..."""
+    return dict(_state.C.metrics())
+
+
+def plugin_info():
+    """The loaded PJRT plugin: name, path, platform, API version, attributes."""
+    return dict(_state.C.plugin_info())
+
+
+def supported_ops():
+    """ATen op names (base name or name.overload) that have a lowering."""
+    return list(_state.C.registered_lowerings())
+
+
+def clear_executable_cache():
+    _state.C.clear_executable_cache()
