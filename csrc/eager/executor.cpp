@@ -336,6 +336,8 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
     if (m.sizes() != inst.slots[s].tensor.sizes()) {
       plan->resizes.push_back(Resize{s, m.sizes().vec()});
       inst.slots[s].tensor.resize_(m.sizes());
+      // Growing swaps in a new storage.
+      inst.storages[inst.slots[s].storage] = &device::storage_of(inst.slots[s].tensor);
     }
   }
 
@@ -615,7 +617,10 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   std::shared_ptr<Plan> plan = cache_find(inst.key);
   if (plan) {
     runtime::metrics().executable_cache_hits++;
-    for (const Resize& r : plan->resizes) inst.slots[r.slot].tensor.resize_(r.sizes);
+    for (const Resize& r : plan->resizes) {
+      inst.slots[r.slot].tensor.resize_(r.sizes);
+      inst.storages[inst.slots[r.slot].storage] = &device::storage_of(inst.slots[r.slot].tensor);
+    }
   } else {
     runtime::metrics().executable_cache_misses++;
     plan = build_plan(op, args, inst, *info, base, overload);

@@ -1,0 +1,59 @@
+// Matrix products: mm, bmm, mv, dot and their add* forms. matmul, linear and
+// einsum decompose into these in PyTorch before reaching the backend.
+// float16/bfloat16 operands are multiplied and accumulated in float32 (then
+// rounded once by the executor's conversion to the result dtype).
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+DType acc_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
+
+// a x b contracting a's last dim with b's dim `contract_b`, batched over the
+// leading `batch` dims of both.
+Value product(LoweringContext& ctx, const char* a_name, const char* b_name, int64_t batch,
+              int64_t contract_b) {
+  Builder& b = ctx.b;
+  DType acc = acc_dtype(ctx.out().dtype);
+  Value x = b.convert(ctx.tensor(a_name), acc), y = b.convert(ctx.tensor(b_name), acc);
+  std::vector<int64_t> bd;
+  for (int64_t i = 0; i < batch; ++i) bd.push_back(i);
+  return b.dot_general(x, y, bd, bd, {x.rank() - 1}, {contract_b}, acc);
+}
+
+// beta * self + alpha * product; beta == 0 ignores self entirely (NaN/inf too).
+Value add_product(LoweringContext& ctx, Value p) {
+  Builder& b = ctx.b;
+  Scalar alpha = ctx.scalar("alpha", Scalar::from_int(1)), beta = ctx.scalar("beta", Scalar::from_int(1));
+  p = b.reshape(p, ctx.out().shape);
+  if (alpha.to_double() != 1.0) p = b.binary("multiply", p, b.splat(alpha, p.type));
+  if (beta.to_double() == 0.0) return p;
+  Value s = b.broadcast_to(b.convert(ctx.tensor("self"), p.dtype()), p.shape());
+  if (beta.to_double() != 1.0) s = b.binary("multiply", s, b.splat(beta, s.type));
+  return b.binary("add", s, p);
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("mm", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "mat2", 0, 0)}; });
+TORCH_PJRT_LOWERING("bmm", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "mat2", 1, 1)}; });
+TORCH_PJRT_LOWERING("mv", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "vec", 0, 0)}; });
+TORCH_PJRT_LOWERING("dot", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "tensor", 0, 0)}; });
+TORCH_PJRT_LOWERING("addmm", [](LoweringContext& c) {
+  return std::vector<Value>{add_product(c, product(c, "mat1", "mat2", 0, 0))};
+});
+TORCH_PJRT_LOWERING("baddbmm", [](LoweringContext& c) {
+  return std::vector<Value>{add_product(c, product(c, "batch1", "batch2", 1, 1))};
+});
+TORCH_PJRT_LOWERING("addmv", [](LoweringContext& c) {
+  return std::vector<Value>{add_product(c, product(c, "mat", "vec", 0, 0))};
+});
+TORCH_PJRT_LOWERING("addbmm", [](LoweringContext& c) {
+  // Sum over the batch too: contract batch and inner dims.
+  Builder& b = c.b;
+  DType acc = acc_dtype(c.out().dtype);
+  Value x = b.convert(c.tensor("batch1"), acc), y = b.convert(c.tensor("batch2"), acc);
+  return std::vector<Value>{add_product(c, b.dot_general(x, y, {}, {}, {0, 2}, {0, 1}, acc))};
+});
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,181 @@
+// Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std,
+// all/any, linalg_vector_norm. The Meta kernel already fixed the result shape
+// (keepdim or not), so each lowering reduces and then reshapes to ctx.out().
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// PyTorch's CPU kernels accumulate float16/bfloat16 in float32.
+DType acc_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
+
+// The identity of max (lowest value) or min (highest value) for `dt`.
+Value extreme(Builder& b, DType dt, bool lowest) {
+  double inf = std::numeric_limits<double>::infinity();
+  switch (dt) {
+    case DType::Bool: return b.constant(Scalar::from_bool(!lowest), dt);
+    case DType::U8: return b.constant_int(lowest ? 0 : 255, dt);
+    case DType::I8: return b.constant_int(lowest ? INT8_MIN : INT8_MAX, dt);
+    case DType::I16: return b.constant_int(lowest ? INT16_MIN : INT16_MAX, dt);
+    case DType::I32: return b.constant_int(lowest ? INT32_MIN : INT32_MAX, dt);
+    case DType::I64: return b.constant_int(lowest ? INT64_MIN : INT64_MAX, dt);
+    default: return b.constant(lowest ? -inf : inf, dt);
+  }
+}
+
+// The reduced dims of `self` from the optional "dim" argument (None or [] is all).
+std::vector<int64_t> reduced_dims(const LoweringContext& ctx, const Value& x) {
+  return wrap_dims(ctx.ints("dim"), x.rank());
+}
+
+int64_t count(const Value& x, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (auto d : dims) n *= x.shape()[d];
+  return n;
+}
+
+// Broadcasts a reduction over `dims` back to the shape of `x`.
+Value unreduce(Builder& b, const Value& r, const Value& x, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (std::find(dims.begin(), dims.end(), i) == dims.end()) kept.push_back(i);
+  return b.broadcast_in_dim(r, x.shape(), kept);
+}
+
+Value max_or_min(Builder& b, const Value& x, const std::vector<int64_t>& dims, bool is_max) {
+  // Bool max/min are or/and; stablehlo.maximum/minimum propagate NaN like PyTorch.
+  std::string body = x.dtype() == DType::Bool ? (is_max ? "stablehlo.or" : "stablehlo.and")
+                                              : (is_max ? "stablehlo.maximum" : "stablehlo.minimum");
+  return b.reduce(x, extreme(b, x.dtype(), is_max), dims, body);
+}
+
+// Sum-like reductions: input converted to the result dtype (dtype= or Meta's
+// promotion, e.g. int -> int64), accumulated in acc_dtype.
+std::vector<Value> sum_like(LoweringContext& ctx, const char* body, double init, bool mean) {
+  Builder& b = ctx.b;
+  const Value& self = ctx.tensor("self");
+  DType out = ctx.out().dtype, acc = acc_dtype(out);
+  Value x = b.convert(b.convert(self, out), acc);
+  auto dims = reduced_dims(ctx, x);
+  Value r = b.reduce(x, b.constant(init, acc), dims, body);
+  if (mean) r = b.binary("divide", r, splat_like(b, double(count(x, dims)), r));
+  return {b.reshape(r, ctx.out().shape)};
+}
+
+std::vector<Value> amax_amin(LoweringContext& ctx, bool is_max) {
+  const Value& x = ctx.tensor("self");
+  return {ctx.b.reshape(max_or_min(ctx.b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
+}
+
+// Max/min along one dim with the index of its first occurrence (NaN counts as
+// the extreme, as on CPU): the extreme first, then the lowest index holding it.
+std::pair<Value, Value> arg_reduce(Builder& b, Value x, int64_t dim, bool is_max) {
+  if (x.rank() == 0) x = b.reshape(x, {1});
+  Value m = max_or_min(b, x, {dim}, is_max);
+  Value hit = b.compare(Cmp::EQ, x, unreduce(b, m, x, {dim}));
+  if (is_float(x.dtype())) hit = b.binary("or", hit, b.compare(Cmp::NE, x, x));
+  TensorType it{DType::I64, x.shape()};
+  int64_t n = x.shape()[dim];
+  Value idx = b.select(hit, b.iota(it, dim), b.splat(Scalar::from_int(n), it));
+  Value i = b.reduce(idx, b.constant_int(n, DType::I64), {dim}, "stablehlo.minimum");
+  return {m, i};
+}
+
+std::vector<Value> max_min(LoweringContext& ctx, bool is_max) {
+  Builder& b = ctx.b;
+  if (ctx.has("other")) {  // elementwise max.other / min.other
+    DType dt = compute_dtype(ctx, "self", "other");
+    Value a = operand_as(ctx, "self", dt, ctx.out().shape), o = operand_as(ctx, "other", dt, ctx.out().shape);
+    return {b.binary(is_max ? "maximum" : "minimum", a, o)};
+  }
+  const Value& x = ctx.tensor("self");
+  if (!ctx.has("dim")) return {b.reshape(max_or_min(b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
+  auto [v, i] = arg_reduce(b, x, wrap_dim(ctx.to_int("dim", 0), x.rank()), is_max);
+  return {b.reshape(v, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
+}
+
+std::vector<Value> argmax_argmin(LoweringContext& ctx, bool is_max) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  int64_t dim = 0;
+  if (ctx.has("dim")) dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+  else x = b.reshape(x, {x.type.numel()});  // dim=None: index into the flattened tensor
+  return {b.reshape(arg_reduce(b, x, dim, is_max).second, ctx.out().shape)};
+}
+
+// var/std (and var_mean/std_mean): two-pass, divided by max(N - correction, 0).
+std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype, acc = acc_dtype(out);
+  Value x = b.convert(ctx.tensor("self"), acc);
+  auto dims = reduced_dims(ctx, x);
+  double n = double(count(x, dims));
+  double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
+                                            : (ctx.to_bool("unbiased", true) ? 1 : 0);
+  Value zero = b.constant(0.0, acc);
+  Value mean = b.binary("divide", b.reduce(x, zero, dims, "stablehlo.add"),
+                        b.constant(n, acc));
+  Value d = b.binary("subtract", x, unreduce(b, mean, x, dims));
+  Value ss = b.reduce(b.binary("multiply", d, d), zero, dims, "stablehlo.add");
+  Value r = b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss));
+  if (sqrt) r = b.unary("sqrt", r);
+  std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
+  if (with_mean) res.push_back(b.reshape(mean, ctx.out(1).shape));
+  return res;
+}
+
+std::vector<Value> all_any(LoweringContext& ctx, bool all) {
+  Builder& b = ctx.b;
+  Value x = b.convert(ctx.tensor("self"), DType::Bool);
+  Value r = b.reduce(x, b.constant(Scalar::from_bool(all), DType::Bool), reduced_dims(ctx, x),
+                     all ? "stablehlo.and" : "stablehlo.or");
+  return {b.reshape(r, ctx.out().shape)};
+}
+
+std::vector<Value> vector_norm(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  DType acc = acc_dtype(ctx.out().dtype);
+  Value x = b.convert(ctx.tensor("self"), acc);
+  auto dims = reduced_dims(ctx, x);
+  double p = ctx.to_double("ord", 2.0);
+  Value a = b.unary("abs", x), zero = b.constant(0.0, acc), r;
+  auto sum = [&](const Value& v) { return b.reduce(v, zero, dims, "stablehlo.add"); };
+  if (std::isinf(p)) {
+    r = max_or_min(b, a, dims, p > 0);
+  } else if (p == 0) {
+    r = sum(b.convert(b.compare(Cmp::NE, a, splat_like(b, 0, a)), acc));
+  } else if (p == 1) {
+    r = sum(a);
+  } else if (p == 2) {
+    r = b.unary("sqrt", sum(b.binary("multiply", a, a)));
+  } else {
+    r = sum(b.binary("power", a, splat_like(b, p, a)));
+    r = b.binary("power", r, splat_like(b, 1.0 / p, r));
+  }
+  return {b.reshape(r, ctx.out().shape)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("sum", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, false); });
+TORCH_PJRT_LOWERING("mean", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, true); });
+TORCH_PJRT_LOWERING("prod", [](LoweringContext& c) { return sum_like(c, "stablehlo.multiply", 1, false); });
+TORCH_PJRT_LOWERING("amax", [](LoweringContext& c) { return amax_amin(c, true); });
+TORCH_PJRT_LOWERING("amin", [](LoweringContext& c) { return amax_amin(c, false); });
+TORCH_PJRT_LOWERING("max", [](LoweringContext& c) { return max_min(c, true); });
+TORCH_PJRT_LOWERING("min", [](LoweringContext& c) { return max_min(c, false); });
+TORCH_PJRT_LOWERING("argmax", [](LoweringContext& c) { return argmax_argmin(c, true); });
+TORCH_PJRT_LOWERING("argmin", [](LoweringContext& c) { return argmax_argmin(c, false); });
+TORCH_PJRT_LOWERING("var", [](LoweringContext& c) { return var_std(c, false, false); });
+TORCH_PJRT_LOWERING("std", [](LoweringContext& c) { return var_std(c, true, false); });
+TORCH_PJRT_LOWERING("var_mean", [](LoweringContext& c) { return var_std(c, false, true); });
+TORCH_PJRT_LOWERING("std_mean", [](LoweringContext& c) { return var_std(c, true, true); });
+TORCH_PJRT_LOWERING("all", [](LoweringContext& c) { return all_any(c, true); });
+TORCH_PJRT_LOWERING("any", [](LoweringContext& c) { return all_any(c, false); });
+TORCH_PJRT_LOWERING("linalg_vector_norm", vector_norm);
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,132 @@
+// Elementwise unary math. Float functions of integer inputs return PyTorch's
+// default float (ctx.out().dtype); float16/bfloat16 are computed in float32 and
+// rounded once, as PyTorch's CPU kernels do.
+#include <cmath>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+using Fn = Value (*)(Builder&, const Value&);
+
+DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
+
+// `fn` applied to self in the output's math dtype, rounded to the output dtype.
+std::vector<Value> float_unary(LoweringContext& ctx, const std::function<Value(Builder&, const Value&)>& fn) {
+  DType out = ctx.out().dtype;
+  Value x = ctx.b.convert(ctx.tensor("self"), math_dtype(out));
+  return {ctx.b.convert(fn(ctx.b, x), out)};
+}
+
+void simple(const char* aten, const char* hlo) {
+  std::string name = hlo;
+  register_lowering(aten, [name](LoweringContext& c) {
+    return float_unary(c, [&](Builder& b, const Value& x) { return b.unary(name, x); });
+  });
+}
+
+Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
+
+Value reciprocal(Builder& b, const Value& x) {
+  return b.binary("divide", splat_like(b, 1, x), x);
+}
+
+// abs/neg/sign/ceil/floor/round/trunc keep the input dtype (ints included).
+std::vector<Value> abs(LoweringContext& ctx) {
+  Value x = ctx.tensor("self");
+  if (is_unsigned(x.dtype()) || x.dtype() == DType::Bool) return {x};
+  return {ctx.b.unary("abs", x)};
+}
+
+std::vector<Value> neg(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (is_unsigned(x.dtype())) return {b.binary("subtract", splat_like(b, 0, x), x)};
+  return {b.unary("negate", x)};
+}
+
+// PyTorch's sign is (0 < x) - (x < 0): 0 for NaN, where stablehlo.sign gives NaN.
+std::vector<Value> sign(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (x.dtype() == DType::Bool) return {x};
+  Value zero = splat_like(b, 0, x), one = splat_like(b, 1, x);
+  Value pos = b.select(b.compare(Cmp::GT, x, zero), one, zero);
+  if (is_unsigned(x.dtype())) return {pos};
+  Value negv = b.select(b.compare(Cmp::LT, x, zero), one, zero);
+  return {b.binary("subtract", pos, negv)};
+}
+
+std::vector<Value> rounding(LoweringContext& ctx, const char* hlo) {
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {x};
+  return {ctx.b.unary(hlo, x)};
+}
+
+// round(x, decimals): scaled as PyTorch does (multiply for decimals > 0, divide otherwise).
+std::vector<Value> round(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  int64_t decimals = ctx.to_int("decimals", 0);
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {x};
+  if (decimals == 0) return {b.unary("round_nearest_even", x)};
+  DType out = x.dtype();
+  Value xm = b.convert(x, math_dtype(out));
+  Value p = splat_like(b, std::pow(10.0, double(std::abs(decimals))), xm);
+  Value r = decimals > 0
+      ? b.binary("divide", b.unary("round_nearest_even", b.binary("multiply", xm, p)), p)
+      : b.binary("multiply", b.unary("round_nearest_even", b.binary("divide", xm, p)), p);
+  return {b.convert(r, out)};
+}
+
+// isnan/isinf/isfinite of ints are all-false/all-false/all-true.
+std::vector<Value> isnan(LoweringContext& ctx) {
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {ctx.b.zeros({DType::Bool, x.shape()})};
+  return {ctx.b.compare(Cmp::NE, x, x)};
+}
+
+std::vector<Value> isinf(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
+  return {b.compare(Cmp::EQ, b.unary("abs", x), splat_like(b, INFINITY, x))};
+}
+
+std::vector<Value> isfinite(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {b.splat(Scalar::from_bool(true), {DType::Bool, x.shape()})};
+  return {b.op("stablehlo.is_finite", {x}, {DType::Bool, x.shape()})};
+}
+
+}  // namespace
+
+static const bool registered = [] {
+  simple("exp", "exponential");
+  simple("expm1", "exponential_minus_one");
+  simple("log", "log");
+  simple("log1p", "log_plus_one");
+  simple("sqrt", "sqrt");
+  simple("rsqrt", "rsqrt");
+  simple("tanh", "tanh");
+  simple("sin", "sine");
+  simple("cos", "cosine");
+  simple("tan", "tan");
+  return true;
+}();
+
+TORCH_PJRT_LOWERING("erf", [](LoweringContext& c) { return float_unary(c, erf); });
+TORCH_PJRT_LOWERING("reciprocal", [](LoweringContext& c) { return float_unary(c, reciprocal); });
+TORCH_PJRT_LOWERING("abs", abs);
+TORCH_PJRT_LOWERING("neg", neg);
+TORCH_PJRT_LOWERING("sign", sign);
+TORCH_PJRT_LOWERING("ceil", [](LoweringContext& c) { return rounding(c, "ceil"); });
+TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"); });
+TORCH_PJRT_LOWERING("round", round);
+TORCH_PJRT_LOWERING("isnan", isnan);
+TORCH_PJRT_LOWERING("isinf", isinf);
+TORCH_PJRT_LOWERING("isfinite", isfinite);
+
+}  // namespace torch_pjrt::lowering::ops

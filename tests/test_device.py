@@ -1,0 +1,184 @@
+"""The tpu device: torch.tpu API, transfers, several devices, serialization, metrics."""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import ALL_DTYPES, assert_same, make, tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_device_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 2  # TORCH_PJRT_CPU_DEVICES defaults to 2 on the CPU plugin
+    assert torch.tpu.get_device_name() == torch_pjrt.plugin_info()["platform"]
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(1)
+    try:
+        assert torch.tpu.current_device() == 1
+        assert torch.empty(2, device="tpu").device == torch.device("tpu", 1)
+    finally:
+        torch.tpu.set_device(0)
+    torch.tpu.synchronize()
+
+
+def test_plugin_info():
+    info = torch_pjrt.plugin_info()
+    assert info["name"] == "cpu" and info["path"].endswith(".so")
+    assert info["api_version"][0] == 0 and info["api_version"][1] >= 40
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_roundtrip_every_dtype(dtype):
+    x = make((3, 5), dtype=dtype)
+    t = x.to("tpu")
+    assert t.device.type == "tpu" and t.dtype == dtype
+    assert torch.equal(t.cpu(), x)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.bfloat16), (torch.float64, torch.int32),
+                                     (torch.int64, torch.float16), (torch.float32, torch.bool),
+                                     (torch.uint8, torch.int8), (torch.bool, torch.float32),
+                                     (torch.int16, torch.float64), (torch.bfloat16, torch.float32)])
+def test_casts_on_device(src, dst):
+    x = make((4, 3), dtype=src, low=-100, high=100)
+    assert_same(tpu(x).to(dst), x.to(dst))
+
+
+def test_copy_between_devices_and_host():
+    x = make((4, 4))
+    a = x.to("tpu:0")
+    b = a.to("tpu:1")
+    assert b.device == torch.device("tpu", 1)
+    assert torch.equal(b.cpu(), x)
+    c = torch.zeros(4, 4, device="tpu:1")
+    c.copy_(a.t())
+    assert torch.equal(c.cpu(), x.t())
+    d = torch.empty(4, 4)
+    d.copy_(b)
+    assert torch.equal(d, x)
+    with pytest.raises(RuntimeError, match="same device"):
+        a + b
+
+
+def test_mixing_cpu_and_tpu_tensors_errors_like_cuda():
+    with pytest.raises(RuntimeError, match="same device"):
+        tpu(torch.ones(3)) + torch.ones(3)
+
+
+def test_item_and_print():
+    t = tpu(torch.tensor([1.5, -2.25]))
+    assert t[1].item() == -2.25
+    s = str(tpu(torch.arange(3)))
+    assert "device='tpu:0'" in s and "0, 1, 2" in s
+
+
+def test_save_load(tmp_path):
+    x = make((3, 4))
+    t = tpu(x)
+    buf = io.BytesIO()
+    torch.save({"w": t, "v": t[1]}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert loaded["w"].device.type == "tpu"
+    assert torch.equal(loaded["w"].cpu(), x)
+    assert torch.equal(loaded["v"].cpu(), x[1])
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    assert torch.equal(on_cpu["w"], x)
+
+
+def test_memory_stats():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    t = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_allocated() == before + 4096
+    del t
+    assert torch.tpu.memory_allocated() == before
+    assert torch.tpu.max_memory_allocated() >= before + 4096
+
+
+def test_manual_seed_is_per_device_module():
+    torch.tpu.manual_seed(3)
+    s1 = torch.tpu.get_rng_state()
+    torch.tpu.manual_seed(3)
+    assert torch.equal(torch.tpu.get_rng_state(), s1)
+
+
+def test_repeated_op_hits_cache(metrics_delta):
+    x = tpu(make((5, 7)))
+    x * 3.25  # first call may compile
+    d0 = metrics_delta()
+    for _ in range(5):
+        x * 3.25
+    d1 = metrics_delta()
+    assert d1["xla_compiles"] == d0["xla_compiles"]
+    assert d1["executable_cache_hits"] - d0["executable_cache_hits"] >= 5
+    assert d1["executions"] - d0["executions"] == 5
+
+
+def test_metrics_keys_and_transfer_bytes(metrics_delta):
+    x = torch.ones(100)
+    t = tpu(x)
+    t.cpu()
+    d = metrics_delta()
+    assert d["host_to_device_bytes"] >= 400 and d["device_to_host_bytes"] >= 400
+    for key in ("xla_compiles", "executable_cache_hits", "executions",
+                "host_to_device_bytes", "device_to_host_bytes"):
+        assert key in torch_pjrt.metrics()
+
+
+def test_invalid_device_index():
+    with pytest.raises(RuntimeError, match="invalid device index 7"):
+        torch.zeros(2, device="tpu:7")
+    with pytest.raises(RuntimeError, match="invalid device index"):
+        torch.tpu.set_device(9)
+
+
+def test_incompatible_shapes_raise_like_cpu():
+    a, b = make((3, 4)), make((5,))
+    with pytest.raises(RuntimeError) as cpu_err:
+        a + b
+    with pytest.raises(type(cpu_err.value), match="must match the size"):
+        tpu(a) + tpu(b)
+
+
+def test_missing_lowering_names_op_and_device():
+    x = tpu(torch.ones(3))
+    with pytest.raises(NotImplementedError, match=r"aten::\w+.*tpu"):
+        torch.special.zeta(x, x)
+
+
+def run_python(code, **env):
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_unknown_plugin_name():
+    r = run_python("import torch_pjrt", TORCH_PJRT_PLUGIN="nosuch")
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "unknown PJRT plugin name 'nosuch'" in r.stderr
+
+
+def test_missing_plugin_file():
+    r = run_python("import torch_pjrt", TORCH_PJRT_PLUGIN="/nonexistent/plugin.so")
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "/nonexistent/plugin.so" in r.stderr
+
+
+def test_plugin_by_path_and_device_count():
+    import xla_plugins
+    path = os.path.join(os.path.dirname(xla_plugins.__path__[0]), "xla_plugins", "xla_cpu_pjrt",
+                        "xla_cpu_pjrt.so")
+    r = run_python("import torch, torch_pjrt; print(torch.tpu.device_count(), "
+                   "(torch.ones(2, device='tpu') * 2).cpu().tolist())",
+                   TORCH_PJRT_PLUGIN=path, TORCH_PJRT_CPU_DEVICES="3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == "3" and "[2.0, 2.0]" in r.stdout
