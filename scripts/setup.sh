@@ -46,6 +46,7 @@ if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 || log "ccache unavailable; building without it"
 fi
 
+export CCACHE_BASEDIR="$ROOT"  # cache hits across clones of the repo
 log "building the C++ extension in $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$PY" >/dev/null

@@ -44,5 +44,10 @@ def supported_ops():
     return list(_state.C.registered_lowerings())
 
 
+def supported_ops_table():
+    """(name, family, needs_random_state) for every lowering, sorted by name."""
+    return [tuple(r) for r in _state.C.lowering_table()]
+
+
 def clear_executable_cache():
     _state.C.clear_executable_cache()

@@ -13,9 +13,18 @@ std::map<std::string, LoweringInfo>& table() {
 
 }  // namespace
 
-void register_lowering(const std::string& name, LowerFn fn, bool needs_rng) {
-  auto [it, inserted] = table().emplace(name, LoweringInfo{std::move(fn), needs_rng});
+void register_lowering(const std::string& name, LowerFn fn, bool needs_rng,
+                       const std::string& source_file) {
+  std::string family = source_file.substr(source_file.find_last_of('/') + 1);
+  family = family.substr(0, family.find('.'));
+  auto [it, inserted] = table().emplace(name, LoweringInfo{std::move(fn), needs_rng, family});
   if (!inserted) throw std::logic_error("torch_pjrt: lowering registered twice: " + name);
+}
+
+std::vector<std::tuple<std::string, std::string, bool>> lowering_table() {
+  std::vector<std::tuple<std::string, std::string, bool>> rows;
+  for (const auto& [k, v] : table()) rows.emplace_back(k, v.family, v.needs_rng);
+  return rows;
 }
 
 const LoweringInfo* find_lowering(const std::string& name, const std::string& overload) {

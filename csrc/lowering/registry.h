@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lowering/builder.h"
@@ -68,23 +69,27 @@ using LowerFn = std::function<std::vector<Value>(LoweringContext&)>;
 struct LoweringInfo {
   LowerFn fn;
   bool needs_rng = false;
+  std::string family;  // the ops/ file it lives in, e.g. "arithmetic"
 };
 
-void register_lowering(const std::string& name, LowerFn fn, bool needs_rng = false);
+void register_lowering(const std::string& name, LowerFn fn, bool needs_rng = false,
+                       const std::string& source_file = "");
 // Looks up "name.overload", then "name".
 const LoweringInfo* find_lowering(const std::string& name, const std::string& overload);
 std::vector<std::string> registered_lowerings();
+// (name, family, needs_rng) of every lowering, sorted by name.
+std::vector<std::tuple<std::string, std::string, bool>> lowering_table();
 
 // Static registration from each lowering file.
 struct LoweringRegistrar {
-  LoweringRegistrar(const char* name, LowerFn fn, bool needs_rng = false) {
-    register_lowering(name, std::move(fn), needs_rng);
+  LoweringRegistrar(const char* name, const char* file, LowerFn fn, bool needs_rng = false) {
+    register_lowering(name, std::move(fn), needs_rng, file);
   }
 };
 #define TP_CONCAT_INNER(a, b) a##b
 #define TP_CONCAT(a, b) TP_CONCAT_INNER(a, b)
 #define TORCH_PJRT_LOWERING(name, ...) \
-  static ::torch_pjrt::lowering::LoweringRegistrar TP_CONCAT(tp_lowering_, __COUNTER__)(name, __VA_ARGS__)
+  static ::torch_pjrt::lowering::LoweringRegistrar TP_CONCAT(tp_lowering_, __COUNTER__)(name, __FILE__, __VA_ARGS__)
 
 // Helpers shared by many lowerings.
 int64_t wrap_dim(int64_t dim, int64_t rank);

@@ -59,4 +59,5 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("registered_lowerings", &lowering::registered_lowerings);
+  m.def("lowering_table", &lowering::lowering_table);
 }

@@ -26,7 +26,7 @@ std::vector<Value> cat(LoweringContext& ctx) {
   std::vector<Value> parts;
   for (const Value& t : ctx.arg("tensors").tensors) {
     if (t.shape() == Shape{0} && out.rank() != 1) continue;
-    if (t.numel() == 0) continue;  // contributes nothing along dim
+    if (t.type.numel() == 0) continue;  // contributes nothing along dim
     parts.push_back(ctx.b.convert(t, out.dtype));
   }
   if (parts.empty() || out.numel() == 0) return {ctx.b.zeros(out)};
@@ -59,7 +59,7 @@ std::vector<Value> roll(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
   std::vector<int64_t> shifts = ctx.ints("shifts"), dims = ctx.ints("dims");
   if (dims.empty()) {  // roll the flattened tensor
-    Value flat = b.reshape(x, {x.numel()});
+    Value flat = b.reshape(x, {x.type.numel()});
     return {b.reshape(roll_dim(b, flat, shifts.at(0), 0), x.shape())};
   }
   if (shifts.size() != dims.size()) ctx.fail("shifts and dims must have the same length");
@@ -75,7 +75,7 @@ std::vector<Value> index_select(LoweringContext& ctx) {
   if (out.numel() == 0) return {b.zeros(out)};
   if (x.rank() == 0) return {x};
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
-  Value idx = b.reshape(ctx.tensor("index"), {ctx.tensor("index").numel()});
+  Value idx = b.reshape(ctx.tensor("index"), {ctx.tensor("index").type.numel()});
   std::vector<int64_t> bdims{dim};
   Value full = b.broadcast_in_dim(idx, out.shape, bdims);
   return {gather_along(b, x, full, dim)};

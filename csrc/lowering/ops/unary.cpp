@@ -8,7 +8,6 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-using Fn = Value (*)(Builder&, const Value&);
 
 DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
 
@@ -101,6 +100,19 @@ std::vector<Value> isfinite(LoweringContext& ctx) {
   return {b.op("stablehlo.is_finite", {x}, {DType::Bool, x.shape()})};
 }
 
+// pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
+// scalar. Computed in the promoted output dtype.
+std::vector<Value> pow(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype, dt = math_dtype(out);
+  const Shape& shape = ctx.out().shape;
+  Value base = operand_as(ctx, "self", dt, shape);
+  const Arg& e = ctx.arg("exponent");
+  // Exact squares, as PyTorch special-cases them.
+  if (e.kind != Arg::Tensor && e.scalar.to_double() == 2.0) return {b.convert(b.binary("multiply", base, base), out)};
+  return {b.convert(b.binary("power", base, operand_as(ctx, "exponent", dt, shape)), out)};
+}
+
 }  // namespace
 
 static const bool registered = [] {
@@ -119,6 +131,7 @@ static const bool registered = [] {
 
 TORCH_PJRT_LOWERING("erf", [](LoweringContext& c) { return float_unary(c, erf); });
 TORCH_PJRT_LOWERING("reciprocal", [](LoweringContext& c) { return float_unary(c, reciprocal); });
+TORCH_PJRT_LOWERING("pow", pow);
 TORCH_PJRT_LOWERING("abs", abs);
 TORCH_PJRT_LOWERING("neg", neg);
 TORCH_PJRT_LOWERING("sign", sign);

@@ -1,0 +1,96 @@
+// Comparisons, logical and bitwise ops, where/masked_fill, and the min/max
+// family (maximum, minimum, clamp). Comparisons happen in the promoted dtype of
+// both operands, as in PyTorch.
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+std::vector<Value> compare(LoweringContext& ctx, Cmp dir) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  return {ctx.b.compare(dir, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
+}
+
+// logical_*: every operand as bool (nonzero is true).
+std::vector<Value> logical(LoweringContext& ctx, const char* hlo) {
+  const Shape& shape = ctx.out().shape;
+  Value a = operand_as(ctx, "self", DType::Bool, shape), o = operand_as(ctx, "other", DType::Bool, shape);
+  return {ctx.b.binary(hlo, a, o)};
+}
+
+std::vector<Value> bitwise(LoweringContext& ctx, const char* hlo) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  return {ctx.b.binary(hlo, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
+}
+
+// NaN-propagating maximum/minimum (PyTorch's), for any dtype.
+Value pick(Builder& b, Cmp dir, const Value& a, const Value& o) {
+  if (a.dtype() == DType::Bool) return b.binary(dir == Cmp::GT ? "or" : "and", a, o);
+  Value take_a = b.compare(dir, a, o);
+  if (is_float(a.dtype())) take_a = b.binary("or", take_a, b.compare(Cmp::NE, a, a));
+  return b.select(take_a, a, o);
+}
+
+std::vector<Value> max_min(LoweringContext& ctx, Cmp dir) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  const Shape& shape = ctx.out().shape;
+  return {pick(ctx.b, dir, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
+}
+
+// clamp(self, min, max) = min(max(self, min), max); either bound may be absent
+// and each is a Scalar or a Tensor. The output dtype is already promoted.
+std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
+  DType dt = ctx.out().dtype;
+  const Shape& shape = ctx.out().shape;
+  Value r = operand_as(ctx, "self", dt, shape);
+  if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape));
+  if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape));
+  return {r};
+}
+
+std::vector<Value> where(LoweringContext& ctx) {
+  DType dt = ctx.out().dtype;
+  const Shape& shape = ctx.out().shape;
+  Value cond = operand_as(ctx, "condition", DType::Bool, shape);
+  return {ctx.b.select(cond, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
+}
+
+// masked_fill(self, mask, value): value is a Scalar or a 0-d tensor.
+std::vector<Value> masked_fill(LoweringContext& ctx) {
+  DType dt = ctx.out().dtype;
+  const Shape& shape = ctx.out().shape;
+  Value mask = operand_as(ctx, "mask", DType::Bool, shape);
+  return {ctx.b.select(mask, operand_as(ctx, "value", dt, shape), operand_as(ctx, "self", dt, shape))};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("eq", [](LoweringContext& c) { return compare(c, Cmp::EQ); });
+TORCH_PJRT_LOWERING("ne", [](LoweringContext& c) { return compare(c, Cmp::NE); });
+TORCH_PJRT_LOWERING("lt", [](LoweringContext& c) { return compare(c, Cmp::LT); });
+TORCH_PJRT_LOWERING("le", [](LoweringContext& c) { return compare(c, Cmp::LE); });
+TORCH_PJRT_LOWERING("gt", [](LoweringContext& c) { return compare(c, Cmp::GT); });
+TORCH_PJRT_LOWERING("ge", [](LoweringContext& c) { return compare(c, Cmp::GE); });
+TORCH_PJRT_LOWERING("logical_and", [](LoweringContext& c) { return logical(c, "and"); });
+TORCH_PJRT_LOWERING("logical_or", [](LoweringContext& c) { return logical(c, "or"); });
+TORCH_PJRT_LOWERING("logical_xor", [](LoweringContext& c) { return logical(c, "xor"); });
+TORCH_PJRT_LOWERING("logical_not", [](LoweringContext& c) {
+  return std::vector<Value>{c.b.unary("not", c.b.convert(c.tensor("self"), DType::Bool))};
+});
+TORCH_PJRT_LOWERING("bitwise_and", [](LoweringContext& c) { return bitwise(c, "and"); });
+TORCH_PJRT_LOWERING("bitwise_or", [](LoweringContext& c) { return bitwise(c, "or"); });
+TORCH_PJRT_LOWERING("bitwise_xor", [](LoweringContext& c) { return bitwise(c, "xor"); });
+TORCH_PJRT_LOWERING("bitwise_not", [](LoweringContext& c) {
+  return std::vector<Value>{c.b.unary("not", c.tensor("self"))};
+});
+TORCH_PJRT_LOWERING("maximum", [](LoweringContext& c) { return max_min(c, Cmp::GT); });
+TORCH_PJRT_LOWERING("minimum", [](LoweringContext& c) { return max_min(c, Cmp::LT); });
+TORCH_PJRT_LOWERING("clamp", [](LoweringContext& c) { return clamp(c, "min", "max"); });
+TORCH_PJRT_LOWERING("clamp_min", [](LoweringContext& c) { return clamp(c, "min", nullptr); });
+TORCH_PJRT_LOWERING("clamp_max", [](LoweringContext& c) { return clamp(c, nullptr, "max"); });
+TORCH_PJRT_LOWERING("where", where);
+TORCH_PJRT_LOWERING("masked_fill", masked_fill);
+
+}  // namespace torch_pjrt::lowering::ops

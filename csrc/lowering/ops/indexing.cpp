@@ -1,0 +1,1 @@
+// Indexing ops live with their gather helper in shape.cpp (index_select, gather).

@@ -1,0 +1,146 @@
+// Random ops: bits from stablehlo.rng_bit_generator (THREE_FRY) keyed by the
+// 128-bit state the executor draws from the tpu generator for each call.
+#include <cmath>
+#include <limits>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// `n` random words of `dt` (I32 or I64), as a flat tensor; the plugin accepts
+// signless integer state and results.
+Value random_bits(LoweringContext& ctx, int64_t n, DType dt) {
+  if (!ctx.rng_state) ctx.fail("random lowering without a random state");
+  DType ft = dt == DType::I64 ? DType::F64 : DType::F32;
+  Value raw = ctx.b.op_multi("stablehlo.rng_bit_generator", {*ctx.rng_state},
+                             {ctx.rng_state->type, TensorType{ft, {n}}},
+                             "rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>")[1];
+  return ctx.b.bitcast_convert(raw, TensorType{dt, {n}});
+}
+
+// Mantissa digits of a float dtype (std::numeric_limits<T>::digits).
+int digits(DType t) {
+  switch (t) {
+    case DType::F16: return 11;
+    case DType::BF16: return 8;
+    case DType::F64: return 53;
+    default: return 24;
+  }
+}
+
+// The type random floats are computed in: float, or double for double outputs.
+DType work_type(DType out) { return out == DType::F64 ? DType::F64 : DType::F32; }
+
+// Uniform floats in [0, 1) with `digits(out)` random bits each, as PyTorch
+// draws them: (bits >> (W - digits)) * 2^-digits, exact in every float type.
+// `count` values of type work_type(out).
+Value uniform01(LoweringContext& ctx, int64_t count, DType out) {
+  Builder& b = ctx.b;
+  DType wt = work_type(out);
+  DType it = wt == DType::F64 ? DType::I64 : DType::I32;
+  int width = wt == DType::F64 ? 64 : 32, d = digits(out);
+  Value bits = random_bits(ctx, count, it);
+  bits = b.op("stablehlo.shift_right_logical", {bits, b.splat(Scalar::from_int(width - d), bits.type)},
+              bits.type);
+  Value f = b.convert(bits, wt);
+  return b.binary("multiply", f, b.splat(Scalar::from_float(std::ldexp(1.0, -d)), f.type));
+}
+
+std::vector<Value> uniform(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  double from = ctx.to_double("from", 0.0), to = ctx.to_double("to", 1.0);
+  Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
+  Value r = b.binary("add", b.binary("multiply", u, b.splat(Scalar::from_float(to - from), u.type)),
+                     b.splat(Scalar::from_float(from), u.type));
+  r = b.convert(r, out.dtype);
+  // Rounding to a narrow output type may reach `to`; keep the interval half-open.
+  Value top = b.splat(Scalar::from_float(to), r.type);
+  return {b.select(b.compare(Cmp::GE, r, top), b.splat(Scalar::from_float(from), r.type), r)};
+}
+
+// Standard normal values by Box-Muller over two uniform draws.
+Value standard_normal(LoweringContext& ctx, const TensorType& out) {
+  Builder& b = ctx.b;
+  int64_t n = out.numel();
+  Value u = uniform01(ctx, 2 * n, out.dtype);
+  DType wt = u.dtype();
+  Value u1 = b.slice(u, {0}, {n}), u2 = b.slice(u, {n}, {2 * n});
+  u1 = b.binary("subtract", b.splat(Scalar::from_float(1.0), u1.type), u1);  // (0, 1]: log is finite
+  Value radius = b.unary("sqrt", b.binary("multiply", b.splat(Scalar::from_float(-2.0), u1.type),
+                                           b.unary("log", u1)));
+  Value angle = b.binary("multiply", b.splat(Scalar::from_float(2 * M_PI), u2.type), u2);
+  Value z = b.binary("multiply", radius, b.unary("cosine", angle));
+  (void)wt;
+  return b.reshape(z, out.shape);
+}
+
+// normal_(self, mean, std) and normal(mean, std) with tensor or float mean/std.
+std::vector<Value> normal(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value z = standard_normal(ctx, out);
+  Value mean = operand_as(ctx, "mean", z.dtype(), out.shape);
+  Value stdv = operand_as(ctx, "std", z.dtype(), out.shape);
+  return {b.binary("add", b.binary("multiply", z, stdv), mean)};
+}
+
+// bernoulli_(self, p) with p a float or tensor, and bernoulli(self) with self the probabilities.
+std::vector<Value> bernoulli(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType wt = work_type(out.dtype);
+  Value u = b.reshape(uniform01(ctx, out.numel(), DType::F64 == wt ? DType::F64 : DType::F32), out.shape);
+  Value p = operand_as(ctx, ctx.has("p") ? "p" : "self", wt, out.shape);
+  return {b.convert(b.compare(Cmp::LT, u, p), out.dtype)};
+}
+
+// Largest integer random_ draws by default: 2^digits for floats, the max of integers.
+int64_t default_to_inclusive(DType t) {
+  switch (t) {
+    case DType::Bool: return 1;
+    case DType::U8: return 255;
+    case DType::I8: return 127;
+    case DType::I16: return 32767;
+    case DType::I32: return std::numeric_limits<int32_t>::max();
+    case DType::I64: return std::numeric_limits<int64_t>::max();
+    default: return int64_t(1) << digits(t);
+  }
+}
+
+// random_(self), random_(self, to), random_(self, from, to): integers in
+// [from, to) (to inclusive of the default bound), drawn as 64-bit words mod range.
+std::vector<Value> random(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  int64_t from = ctx.has("from") ? ctx.to_int("from", 0) : 0;
+  // Range as unsigned: [from, to) has `range` values; 0 means 2^64.
+  uint64_t range;
+  if (ctx.has("to"))
+    range = uint64_t(ctx.to_int("to", 0)) - uint64_t(from);
+  else
+    range = uint64_t(default_to_inclusive(out.dtype)) - uint64_t(from) + 1;
+  Value bits = random_bits(ctx, out.numel(), DType::I64);
+  Value v = bits;
+  if (range != 0 && range <= (uint64_t(1) << 63)) {
+    // Non-negative 63-bit words, so signed remainder is the unsigned one.
+    v = b.op("stablehlo.shift_right_logical", {bits, b.splat(Scalar::from_int(1), bits.type)}, bits.type);
+    v = b.binary("remainder", v, b.splat(Scalar::from_int(int64_t(range)), v.type));
+  }
+  v = b.binary("add", v, b.splat(Scalar::from_int(from), v.type));
+  return {b.reshape(b.convert(v, out.dtype), out.shape)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("uniform", uniform, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("normal", normal, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("bernoulli", bernoulli, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("random", random, /*needs_rng=*/true);
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,292 @@
+"""Elementwise unary, comparison, logical, bitwise and min/max ops vs PyTorch on CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, make, tpu
+
+SHAPES = [(), (0,), (3, 4)]
+SIGNED_INTS = [d for d in INT_DTYPES if d != torch.uint8]
+
+# name -> (function, low, high): the input range keeps values in the domain.
+FLOAT_UNARY = {
+    "exp": (torch.exp, -3, 3),
+    "log": (torch.log, 0.1, 5),
+    "sqrt": (torch.sqrt, 0, 5),
+    "rsqrt": (torch.rsqrt, 0.1, 5),
+    "tanh": (torch.tanh, -3, 3),
+    "sigmoid": (torch.sigmoid, -5, 5),
+    "erf": (torch.erf, -3, 3),
+    "gelu": (F.gelu, -4, 4),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), -4, 4),
+    "silu": (F.silu, -4, 4),
+    "relu": (torch.relu, -3, 3),
+    "abs": (torch.abs, -3, 3),
+    "neg": (torch.neg, -3, 3),
+    "sign": (torch.sign, -3, 3),
+    "reciprocal": (torch.reciprocal, 0.2, 3),
+    "ceil": (torch.ceil, -3, 3),
+    "floor": (torch.floor, -3, 3),
+    "round": (torch.round, -3, 3),
+    "round_decimals": (lambda x: torch.round(x, decimals=1), -3, 3),
+    "log1p": (torch.log1p, -0.9, 3),
+    "expm1": (torch.expm1, -3, 3),
+    "sin": (torch.sin, -3, 3),
+    "cos": (torch.cos, -3, 3),
+    "isfinite": (torch.isfinite, -3, 3),
+    "isnan": (torch.isnan, -3, 3),
+    "isinf": (torch.isinf, -3, 3),
+    "square": (lambda x: x ** 2, -3, 3),
+    "pow_scalar": (lambda x: torch.pow(x, 1.7), 0.1, 3),
+    "scalar_pow": (lambda x: torch.pow(2.5, x), -3, 3),
+    "clamp": (lambda x: x.clamp(-1, 1.5), -3, 3),
+    "clamp_min": (lambda x: x.clamp(min=0.5), -3, 3),
+    "clamp_max": (lambda x: x.clamp(max=0.5), -3, 3),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", list(FLOAT_UNARY))
+def test_float_unary(name, dtype, shape):
+    fn, low, high = FLOAT_UNARY[name]
+    x = make(shape, dtype, low=low, high=high)
+    assert_same(fn(tpu(x)), fn(x))
+
+
+# Integer inputs: float functions promote to float32, abs/neg/sign keep the dtype.
+INT_UNARY = ["exp", "log", "sqrt", "tanh", "sigmoid", "erf", "reciprocal", "sin", "abs", "neg",
+             "sign", "ceil", "floor", "round", "isfinite", "isnan", "isinf", "relu", "square",
+             "clamp", "clamp_min"]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("name", INT_UNARY)
+def test_int_unary(name, dtype):
+    fn = FLOAT_UNARY[name][0]
+    x = make((3, 4), dtype, low=-3, high=3)
+    assert_same(fn(tpu(x)), fn(x))
+
+
+def test_special_values():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1.0, -2.5, 2.5])
+    for fn in [torch.sign, torch.relu, torch.isfinite, torch.isnan, torch.isinf, torch.abs,
+               torch.round, torch.exp, torch.sigmoid, lambda a: a.clamp(-1, 1),
+               lambda a: torch.maximum(a, torch.zeros((), device=a.device)),
+               lambda a: torch.minimum(torch.zeros((), device=a.device), a)]:
+        assert_same(fn(tpu(x)), fn(x))
+
+
+@pytest.mark.parametrize("name", ["exp", "gelu", "sign", "clamp", "isnan", "round"])
+def test_unary_noncontiguous(name):
+    fn = FLOAT_UNARY[name][0]
+    x = make((3, 4), noncontiguous=True)
+    assert_same(fn(tpu(x)), fn(x))
+
+
+@pytest.mark.parametrize("method", ["exp_", "neg_", "sigmoid_", "relu_", "floor_", "abs_"])
+def test_inplace_on_view(method):
+    base = make((4, 6))
+    tbase = tpu(base)
+    getattr(base[1:3, ::2], method)()
+    getattr(tbase[1:3, ::2], method)()
+    assert_same(tbase, base)
+
+
+def test_inplace_clamp_and_masked_fill():
+    base, tbase = make((4, 5)), tpu(make((4, 5)))
+    base[:, 1:].clamp_(-1, 1)
+    tbase[:, 1:].clamp_(-1, 1)
+    base.masked_fill_(base > 0.5, 7.0)
+    tbase.masked_fill_(tbase > 0.5, 7.0)
+    assert_same(tbase, base)
+
+
+def test_out():
+    x, y = make((3, 4)), make((3, 4), seed=1)
+    o, to = torch.empty(3, 4), tpu(torch.empty(3, 4))
+    torch.exp(x, out=o)
+    torch.exp(tpu(x), out=to)
+    assert_same(to, o)
+    ob, tob = torch.empty(3, 4, dtype=torch.bool), tpu(torch.empty(3, 4, dtype=torch.bool))
+    torch.lt(x, y, out=ob)
+    torch.lt(tpu(x), tpu(y), out=tob)
+    assert_same(tob, ob)
+
+
+# Binary ops over dtype pairs, including mixed ones that promote.
+COMPARISONS = [torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge]
+DTYPE_PAIRS = [(torch.float32, torch.float32), (torch.float64, torch.float64),
+               (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+               (torch.int32, torch.int32), (torch.int64, torch.float32), (torch.uint8, torch.int8),
+               (torch.float16, torch.float32), (torch.bool, torch.bool)]
+BINARY = {
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor,
+}
+
+
+@pytest.mark.parametrize("dtypes", DTYPE_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary(name, dtypes):
+    fn = BINARY[name]
+    # Few distinct integer values so that equal elements occur.
+    a, b = make((3, 4), dtypes[0], low=-2, high=2), make((3, 4), dtypes[1], low=-2, high=2, seed=1)
+    if dtypes[0].is_floating_point:
+        a, b = a.round(), b.round()
+    assert_same(fn(tpu(a), tpu(b)), fn(a, b))
+
+
+@pytest.mark.parametrize("name", ["lt", "eq", "maximum", "logical_or", "pow", "where", "clamp", "bitwise_xor"])
+@pytest.mark.parametrize("shape", [(), (0,)])
+def test_binary_small_shapes(name, shape):
+    a, b = make(shape, low=0.1), make(shape, low=0.1, seed=1)
+    fns = {"pow": torch.pow, "where": lambda x, y: torch.where(x > 1, x, y),
+           "clamp": lambda x, y: x.clamp(min=y), **BINARY,
+           "bitwise_xor": lambda x, y: torch.bitwise_xor(x > 1, y > 1)}
+    assert_same(fns[name](tpu(a), tpu(b)), fns[name](a, b))
+
+
+@pytest.mark.parametrize("name", ["lt", "ge", "maximum", "logical_and", "pow", "bitwise_or", "where"])
+def test_binary_broadcast(name):
+    a, b = make((3, 1), low=0.1), make((1, 4), low=0.1, seed=1)
+    fns = {"pow": torch.pow, "where": lambda x, y: torch.where(x > y, x, y), **BINARY,
+           "bitwise_or": lambda x, y: torch.bitwise_or(x.to(torch.int32), y.to(torch.int32))}
+    assert_same(fns[name](tpu(a), tpu(b)), fns[name](a, b))
+
+
+def test_binary_noncontiguous():
+    a, b = make((3, 4), noncontiguous=True), make((3, 4), seed=1, noncontiguous=True)
+    for fn in [torch.lt, torch.maximum, torch.pow]:
+        assert_same(fn(tpu(a), tpu(b.abs())), fn(a, b.abs()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64, torch.uint8, torch.float16])
+def test_scalar_operands(dtype):
+    x = make((3, 4), dtype, low=-3, high=3)
+    t = tpu(x)
+    for fn in [lambda a: a < 2, lambda a: 2 < a, lambda a: a == 1, lambda a: a != 1.5,
+               lambda a: a >= 0.5, lambda a: a <= -1, lambda a: a > 1,
+               lambda a: torch.pow(a, 2), lambda a: torch.pow(a, 0.5), lambda a: torch.pow(2, a),
+               lambda a: a.clamp(min=0.5), lambda a: torch.where(a > 0, a, 2),
+               lambda a: torch.where(a > 0, 1.5, a), lambda a: a.masked_fill(a > 1, 9)]:
+        assert_same(fn(t), fn(x))
+
+
+def test_zero_dim_tensor_operand():
+    # A 0-d tensor does not promote a dimensioned one of the same category.
+    x, s = make((3, 4), torch.float16), torch.tensor(0.5, dtype=torch.float64)
+    for fn in [torch.lt, torch.maximum, torch.pow, lambda a, b: a.clamp(max=b)]:
+        assert_same(fn(tpu(x), tpu(s)), fn(x, s))
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + [torch.bool])
+def test_bitwise(dtype):
+    a, b = make((3, 4), dtype, low=-50, high=50), make((3, 4), dtype, low=-50, high=50, seed=1)
+    ta, tb = tpu(a), tpu(b)
+    for fn in [torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor, lambda x, y: torch.bitwise_not(x),
+               lambda x, y: x & y, lambda x, y: x | 3 if dtype != torch.bool else x | True,
+               lambda x, y: torch.logical_not(x), lambda x, y: torch.logical_and(x, y)]:
+        assert_same(fn(ta, tb), fn(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+def test_logical_mixed(dtype):
+    a, b = make((3, 4), dtype, low=-1, high=1), make((3, 4), torch.bool, seed=1)
+    for fn in [torch.logical_and, torch.logical_or, torch.logical_xor, lambda x, y: torch.logical_not(x)]:
+        assert_same(fn(tpu(a), tpu(b)), fn(a, b))
+
+
+@pytest.mark.parametrize("dtypes", [(torch.int32, torch.int32), (torch.int64, torch.int64),
+                                    (torch.int32, torch.float32), (torch.float64, torch.int8)])
+def test_pow_tensor_tensor(dtypes):
+    a = make((3, 4), dtypes[0], low=-3, high=3)
+    e = make((3, 4), dtypes[1], low=-3 if dtypes[1].is_floating_point else 0, high=3, seed=1)
+    if dtypes[1].is_floating_point:
+        e = e.round()  # negative float bases need integral exponents
+    assert_same(torch.pow(tpu(a), tpu(e)), torch.pow(a, e))
+
+
+def test_pow_int_negative_exponent():
+    a = torch.tensor([-3, -1, 1, 2, 0, -1, 1], dtype=torch.int32)
+    e = torch.tensor([-1, -3, -2, -2, 2, -2, 0], dtype=torch.int32)
+    assert_same(torch.pow(tpu(a), tpu(e)), torch.pow(a, e))
+    with pytest.raises(RuntimeError):
+        torch.pow(tpu(a), -2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+def test_clamp_tensor_bounds(dtype):
+    x = make((3, 4), dtype)
+    lo, hi = make((3, 1), dtype, low=-2, high=0, seed=1), make((1, 4), dtype, low=0, high=2, seed=2)
+    for fn in [lambda a, l, h: a.clamp(l, h), lambda a, l, h: a.clamp(min=l),
+               lambda a, l, h: a.clamp(max=h), lambda a, l, h: torch.clamp_min(a, l),
+               lambda a, l, h: torch.clamp_max(a, h), lambda a, l, h: a.clamp(h, l)]:  # min > max
+        assert_same(fn(tpu(x), tpu(lo), tpu(hi)), fn(x, lo, hi))
+
+
+def test_clamp_int_with_float_bounds():
+    x = make((3, 4), torch.int32)
+    assert_same(tpu(x).clamp(-1.5, 1.5), x.clamp(-1.5, 1.5))
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float16, torch.float32),
+                                    (torch.int32, torch.int64), (torch.bool, torch.bool),
+                                    (torch.int64, torch.float64)])
+def test_where(dtypes):
+    c = make((3, 1), torch.bool)
+    a, b = make((1, 4), dtypes[0]), make((3, 4), dtypes[1], seed=1)
+    assert_same(torch.where(tpu(c), tpu(a), tpu(b)), torch.where(c, a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_masked_fill(dtype):
+    x, m = make((3, 4), dtype), make((1, 4), torch.bool, seed=1)
+    assert_same(tpu(x).masked_fill(tpu(m), 1), x.masked_fill(m, 1))
+    v = torch.tensor(0, dtype=dtype)
+    assert_same(tpu(x).masked_fill(tpu(m), tpu(v)), x.masked_fill(m, v))
+
+
+def test_shape_mismatch_raises():
+    a, b = make((3, 4)), make((2, 4))
+    for fn in [torch.lt, torch.maximum, torch.logical_and, torch.pow,
+               lambda x, y: torch.where(x > 0, x, y), lambda x, y: x.masked_fill(y > 0, 1.0)]:
+        with pytest.raises(RuntimeError):
+            fn(a, b)
+        with pytest.raises(RuntimeError):
+            fn(tpu(a), tpu(b))
+
+
+def test_invalid_dtype_raises_like_cpu():
+    f, bo = make((3,)), make((3,), torch.bool)
+    for fn in [lambda: torch.bitwise_and(f, f), lambda: torch.neg(bo)]:
+        with pytest.raises(RuntimeError):
+            fn()
+    for fn in [lambda: torch.bitwise_and(tpu(f), tpu(f)), lambda: torch.neg(tpu(bo))]:
+        with pytest.raises(RuntimeError):
+            fn()
+
+
+@pytest.mark.parametrize("data", [
+    [[1.5, -2.25, 3.0], [0.0, 1e-3, 12345.678]],
+    [1.0, 2.0, 3.0],
+    [float("nan"), float("inf"), -float("inf"), 0.5],
+    [1e10, 1e-10],
+    2.5,
+    [],
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_print(data, dtype):
+    x = torch.tensor(data, dtype=dtype)
+    expected = str(x)
+    got = str(tpu(x))
+    assert "device='tpu:0'" in got
+    assert got.replace(", device='tpu:0'", "") == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.uint8])
+def test_print_int(dtype):
+    x = make((2, 3), dtype)
+    assert str(tpu(x)).replace(", device='tpu:0'", "") == str(x)
