@@ -182,3 +182,21 @@ def test_plugin_by_path_and_device_count():
                    TORCH_PJRT_PLUGIN=path, TORCH_PJRT_CPU_DEVICES="3")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "3" and "[2.0, 2.0]" in r.stdout
+
+
+def test_dispatch_is_asynchronous(metrics_delta):
+    x = tpu(make((64, 64)))
+    for _ in range(10):
+        x = x * 1.01 + 0.5
+    assert metrics_delta()["host_waits"] == 0  # nothing waited for the device yet
+    x.cpu()
+    assert metrics_delta()["host_waits"] == 1
+
+
+def test_plugin_error_becomes_runtime_error():
+    from torch_pjrt import _state
+    with pytest.raises(RuntimeError, match=r"compile failed in PJRT plugin 'cpu': .*garbage"):
+        _state.C.compile_program("garbage")
+    ok = ('module @m { func.func public @main(%a: tensor<2xf32>) -> (tensor<2xf32>) {'
+          ' "func.return"(%a) : (tensor<2xf32>) -> () } }')
+    assert _state.C.compile_program(ok) == 1

@@ -18,6 +18,10 @@ def is_initialized():
     return _state.C is not None
 
 
+def _is_in_bad_fork():
+    return False
+
+
 def _lazy_init():
     pass
 

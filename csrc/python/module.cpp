@@ -54,8 +54,14 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["host_to_device_bytes"] = mt.host_to_device_bytes.load();
     d["device_to_host_bytes"] = mt.device_to_host_bytes.load();
     d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
+    d["host_waits"] = mt.host_waits.load();
     d["executable_cache_size"] = eager::executable_cache_size();
     return d;
+  });
+  // Compiles MLIR text with the plugin and returns the number of outputs
+  // (surfaces the plugin's own error messages; used by tests and tools).
+  m.def("compile_program", [](const std::string& text) {
+    return runtime::Runtime::get().compile(text)->num_outputs();
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("registered_lowerings", &lowering::registered_lowerings);

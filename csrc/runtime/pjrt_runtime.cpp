@@ -280,6 +280,7 @@ void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
   args.dst = dst;
   args.dst_size = nbytes;
   check(api_->PJRT_Buffer_ToHostBuffer(&args), "device-to-host transfer");
+  metrics().host_waits++;
   await_and_destroy(args.event, "device-to-host transfer");
   metrics().device_to_host_bytes += nbytes;
 }
@@ -386,6 +387,7 @@ void Runtime::prune_pending_locked() {
 }
 
 void Runtime::synchronize(int device) {
+  metrics().host_waits++;
   std::vector<std::pair<int, PJRT_Event*>> mine;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);

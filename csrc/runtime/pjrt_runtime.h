@@ -24,6 +24,7 @@ struct Metrics {
   std::atomic<int64_t> device_to_host_bytes{0};
   std::atomic<int64_t> device_to_device_bytes{0};
   std::atomic<double> compile_seconds{0.0};
+  std::atomic<int64_t> host_waits{0};  // times the host blocked on the device
 };
 Metrics& metrics();
 

@@ -47,10 +47,15 @@ Value unreduce(Builder& b, const Value& r, const Value& x, const std::vector<int
 }
 
 Value max_or_min(Builder& b, const Value& x, const std::vector<int64_t>& dims, bool is_max) {
-  // Bool max/min are or/and; stablehlo.maximum/minimum propagate NaN like PyTorch.
+  // Bool max/min are or/and.
   std::string body = x.dtype() == DType::Bool ? (is_max ? "stablehlo.or" : "stablehlo.and")
                                               : (is_max ? "stablehlo.maximum" : "stablehlo.minimum");
-  return b.reduce(x, extreme(b, x.dtype(), is_max), dims, body);
+  Value r = b.reduce(x, extreme(b, x.dtype(), is_max), dims, body);
+  if (!is_float(x.dtype())) return r;
+  // XLA's CPU reduce drops NaN; PyTorch propagates it.
+  Value nan = b.reduce(b.compare(Cmp::NE, x, x), b.constant(Scalar::from_bool(false), DType::Bool),
+                       dims, "stablehlo.or");
+  return b.select(nan, splat_like(b, std::numeric_limits<double>::quiet_NaN(), r), r);
 }
 
 // Sum-like reductions: input converted to the result dtype (dtype= or Meta's
@@ -93,7 +98,12 @@ std::vector<Value> max_min(LoweringContext& ctx, bool is_max) {
     return {b.binary(is_max ? "maximum" : "minimum", a, o)};
   }
   const Value& x = ctx.tensor("self");
-  if (!ctx.has("dim")) return {b.reshape(max_or_min(b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
+  if (!ctx.has("dim")) {
+    // The Meta kernel accepts this; CPU raises (max has no identity).
+    if (x.type.numel() == 0)
+      ctx.fail(ctx.op + "(): Expected reduction dim to be specified for input.numel() == 0.");
+    return {b.reshape(max_or_min(b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
+  }
   auto [v, i] = arg_reduce(b, x, wrap_dim(ctx.to_int("dim", 0), x.rank()), is_max);
   return {b.reshape(v, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
 }
@@ -117,8 +127,8 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
                                             : (ctx.to_bool("unbiased", true) ? 1 : 0);
   Value zero = b.constant(0.0, acc);
-  Value mean = b.binary("divide", b.reduce(x, zero, dims, "stablehlo.add"),
-                        b.constant(n, acc));
+  Value total = b.reduce(x, zero, dims, "stablehlo.add");
+  Value mean = b.binary("divide", total, splat_like(b, n, total));
   Value d = b.binary("subtract", x, unreduce(b, mean, x, dims));
   Value ss = b.reduce(b.binary("multiply", d, d), zero, dims, "stablehlo.add");
   Value r = b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss));

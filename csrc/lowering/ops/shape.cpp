@@ -72,6 +72,11 @@ std::vector<Value> index_select(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const Value& x = ctx.tensor("self");
   const TensorType& out = ctx.out();
+  // PyTorch's Meta kernel leaves these checks to the device kernel.
+  const Value& index = ctx.tensor("index");
+  if (index.rank() > 1) ctx.fail("index_select(): Index is supposed to be a vector");
+  if (index.dtype() != DType::I64 && index.dtype() != DType::I32)
+    ctx.fail("index_select(): Expected dtype int32 or int64 for index");
   if (out.numel() == 0) return {b.zeros(out)};
   if (x.rank() == 0) return {x};
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());

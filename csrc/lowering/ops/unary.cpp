@@ -8,7 +8,6 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-
 DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
 
 // `fn` applied to self in the output's math dtype, rounded to the output dtype.
@@ -63,6 +62,13 @@ std::vector<Value> rounding(LoweringContext& ctx, const char* hlo) {
   return {ctx.b.unary(hlo, x)};
 }
 
+std::vector<Value> trunc(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (!is_float(x.dtype())) return {x};
+  return {b.select(b.compare(Cmp::LT, x, splat_like(b, 0, x)), b.unary("ceil", x), b.unary("floor", x))};
+}
+
 // round(x, decimals): scaled as PyTorch does (multiply for decimals > 0, divide otherwise).
 std::vector<Value> round(LoweringContext& ctx) {
   Builder& b = ctx.b;
@@ -79,7 +85,8 @@ std::vector<Value> round(LoweringContext& ctx) {
   return {b.convert(r, out)};
 }
 
-// isnan/isinf/isfinite of ints are all-false/all-false/all-true.
+// isnan/isinf of ints are all false. (isfinite is a composite of abs, eq and ne;
+// isinf decomposes in eager but stays whole in torch.compile graphs.)
 std::vector<Value> isnan(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
   if (!is_float(x.dtype())) return {ctx.b.zeros({DType::Bool, x.shape()})};
@@ -91,13 +98,6 @@ std::vector<Value> isinf(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
   if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
   return {b.compare(Cmp::EQ, b.unary("abs", x), splat_like(b, INFINITY, x))};
-}
-
-std::vector<Value> isfinite(LoweringContext& ctx) {
-  Builder& b = ctx.b;
-  Value x = ctx.tensor("self");
-  if (!is_float(x.dtype())) return {b.splat(Scalar::from_bool(true), {DType::Bool, x.shape()})};
-  return {b.op("stablehlo.is_finite", {x}, {DType::Bool, x.shape()})};
 }
 
 // pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
@@ -138,8 +138,8 @@ TORCH_PJRT_LOWERING("sign", sign);
 TORCH_PJRT_LOWERING("ceil", [](LoweringContext& c) { return rounding(c, "ceil"); });
 TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"); });
 TORCH_PJRT_LOWERING("round", round);
+TORCH_PJRT_LOWERING("trunc", trunc);
 TORCH_PJRT_LOWERING("isnan", isnan);
 TORCH_PJRT_LOWERING("isinf", isinf);
-TORCH_PJRT_LOWERING("isfinite", isfinite);
 
 }  // namespace torch_pjrt::lowering::ops
