@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# GPU check (run on a machine with an NVIDIA GPU and jax_plugins/xla_cuda13):
+# builds against the machine's own torch and runs the suite on the CUDA plugin.
+# Usage: bash scripts/gpu_check.sh [pytest args]   (output goes to stdout)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+"$PY" -c "import torch, jax_plugins.xla_cuda13" # the GPU machine's torch and CUDA plugin
+if [ ! -f third_party/include/xla/pjrt/c/pjrt_c_api.h ]; then
+  echo "copy third_party/include (the PJRT header) along: the GPU machine has no network" >&2
+  exit 1
+fi
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
+cmake --build build-gpu -- -j"$(nproc)" | grep -v "^\[" || true
+export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=2
+"$PY" -c "import torch, torch_pjrt; print(torch_pjrt.plugin_info()); print(torch.tpu.device_count(), torch.tpu.get_device_name())"
+"$PY" examples/demo.py
+"$PY" -m pytest tests -q -p no:cacheprovider "$@"
