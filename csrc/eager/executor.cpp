@@ -201,7 +201,13 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
 
 c10::IValue to_meta(const c10::IValue& v) {
   auto conv = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+    if (!t.defined()) return t;
+    if (t.device().is_cpu() && t.dim() == 0 && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      // CPU 0-d tensors too: Python meta kernels reject mixing cpu and meta.
+      // (Wrapped Python numbers stay: the boxed-to-Python path needs them on CPU.)
+      return at::empty({}, t.options().device(c10::kMeta));
+    }
+    if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   };
   if (v.isTensor()) return conv(v.toTensor());

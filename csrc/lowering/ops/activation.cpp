@@ -7,15 +7,6 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
-
-std::vector<Value> float_unary(LoweringContext& ctx, const std::function<Value(Builder&, const Value&)>& fn) {
-  DType out = ctx.out().dtype;
-  Value x = ctx.b.convert(ctx.tensor("self"), math_dtype(out));
-  return {ctx.b.convert(fn(ctx.b, x), out)};
-}
-
-Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
 
 std::vector<Value> relu(LoweringContext& ctx) {
   Builder& b = ctx.b;

@@ -14,6 +14,17 @@ Value splat_like(Builder& b, double v, const Value& like) {
   return b.splat(is_float(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }
 
+DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
+
+std::vector<Value> float_unary(LoweringContext& ctx,
+                               const std::function<Value(Builder&, const Value&)>& fn) {
+  DType out = ctx.out().dtype;
+  Value x = ctx.b.convert(ctx.tensor("self"), math_dtype(out));
+  return {ctx.b.convert(fn(ctx.b, x), out)};
+}
+
+Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
+
 Value floor_divide(Builder& b, const Value& a, const Value& d) {
   if (is_float(a.dtype())) return b.unary("floor", b.binary("divide", a, d));
   // Integer: truncating division, minus one where the signs differ and it is inexact.

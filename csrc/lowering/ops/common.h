@@ -1,6 +1,8 @@
 // Helpers shared by the lowering files in this folder.
 #pragma once
 
+#include <functional>
+
 #include "lowering/registry.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -13,6 +15,13 @@ Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, con
 
 // Scalar constant broadcast to the type of `like`.
 Value splat_like(Builder& b, double v, const Value& like);
+
+// Half types are computed in float32 and rounded once, as PyTorch's CPU kernels do.
+DType math_dtype(DType out);
+// `fn` applied to ctx.tensor("self") in the output's math dtype, rounded to the output dtype.
+std::vector<Value> float_unary(LoweringContext& ctx,
+                               const std::function<Value(Builder&, const Value&)>& fn);
+Value erf(Builder& b, const Value& x);
 
 // Floor division and remainder with Python semantics, for int or float.
 Value floor_divide(Builder& b, const Value& a, const Value& d);

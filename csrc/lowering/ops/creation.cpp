@@ -28,8 +28,11 @@ std::vector<Value> arange(LoweringContext& ctx) {
   return {b.binary("add", start, b.binary("multiply", i, step))};
 }
 
-// PyTorch's scalar formula: start + i*step for the first half and
-// end - (n-1-i)*step for the second, in the output type (double for integers).
+// PyTorch's formula: start + step*i for the first half and end - step*(n-1-i)
+// for the second, with step rounded to the output type (double for integers)
+// and, as its CPU kernel is compiled, each product-sum fused (rounded once).
+// The products and sums are formed in float64, exact for float32 and narrower
+// (a 24-bit step times an index below 2^29), so only the final conversion rounds.
 std::vector<Value> linspace(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
@@ -37,15 +40,18 @@ std::vector<Value> linspace(LoweringContext& ctx) {
   if (n == 0) return {b.zeros(out)};
   DType dt = is_float(out.dtype) ? out.dtype : DType::F64;
   // start/end are first rounded to the output type, as scalar_start.to<scalar_t>().
-  Value start = b.convert(b.convert(b.broadcast_to(ctx.operand("start", DType::F64), {}), out.dtype), dt);
-  Value end = b.convert(b.convert(b.broadcast_to(ctx.operand("end", DType::F64), {}), out.dtype), dt);
+  auto endpoint = [&](const char* name) {
+    Value v = b.convert(b.broadcast_to(ctx.operand(name, DType::F64), {}), out.dtype);
+    return b.convert(v, dt);
+  };
+  Value start = endpoint("start"), end = endpoint("end");
   if (n == 1) return {b.broadcast_to(start, out.shape)};
   Value step = b.binary("divide", b.binary("subtract", end, start), b.constant_int(n - 1, dt));
-  Value i = index_iota(b, out, dt);
+  auto wide = [&](const Value& v) { return b.broadcast_to(b.convert(v, DType::F64), out.shape); };
+  Value i = index_iota(b, out, DType::F64);
   Value rev = b.binary("subtract", b.splat(Scalar::from_int(n - 1), i.type), i);
-  Value stepv = b.broadcast_to(step, out.shape);
-  Value lo = b.binary("add", b.broadcast_to(start, out.shape), b.binary("multiply", stepv, i));
-  Value hi = b.binary("subtract", b.broadcast_to(end, out.shape), b.binary("multiply", stepv, rev));
+  Value lo = b.binary("add", wide(start), b.binary("multiply", wide(step), i));
+  Value hi = b.binary("subtract", wide(end), b.binary("multiply", wide(step), rev));
   Value first = b.compare(Cmp::LT, index_iota(b, out, DType::I64),
                           b.splat(Scalar::from_int(n / 2), TensorType{DType::I64, out.shape}));
   return {b.select(first, lo, hi)};

@@ -9,12 +9,20 @@ namespace {
 
 DType acc_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
 
+// The Meta kernels do not check this; CPU raises.
+void check_same_dtype(const LoweringContext& ctx, const Value& a, const Value& b) {
+  if (a.dtype() != b.dtype())
+    ctx.fail(std::string("expected m1 and m2 to have the same dtype, but got: ") + dtype_name(a.dtype()) +
+             " != " + dtype_name(b.dtype()));
+}
+
 // a x b contracting a's last dim with b's dim `contract_b`, batched over the
 // leading `batch` dims of both.
 Value product(LoweringContext& ctx, const char* a_name, const char* b_name, int64_t batch,
               int64_t contract_b) {
   Builder& b = ctx.b;
   DType acc = acc_dtype(ctx.out().dtype);
+  check_same_dtype(ctx, ctx.tensor(a_name), ctx.tensor(b_name));
   Value x = b.convert(ctx.tensor(a_name), acc), y = b.convert(ctx.tensor(b_name), acc);
   std::vector<int64_t> bd;
   for (int64_t i = 0; i < batch; ++i) bd.push_back(i);
@@ -28,6 +36,7 @@ Value add_product(LoweringContext& ctx, Value p) {
   p = b.reshape(p, ctx.out().shape);
   if (alpha.to_double() != 1.0) p = b.binary("multiply", p, b.splat(alpha, p.type));
   if (beta.to_double() == 0.0) return p;
+  check_same_dtype(ctx, ctx.tensor("self"), b.convert(p, ctx.out().dtype));
   Value s = b.broadcast_to(b.convert(ctx.tensor("self"), p.dtype()), p.shape());
   if (beta.to_double() != 1.0) s = b.binary("multiply", s, b.splat(beta, s.type));
   return b.binary("add", s, p);
@@ -52,6 +61,7 @@ TORCH_PJRT_LOWERING("addbmm", [](LoweringContext& c) {
   // Sum over the batch too: contract batch and inner dims.
   Builder& b = c.b;
   DType acc = acc_dtype(c.out().dtype);
+  check_same_dtype(c, c.tensor("batch1"), c.tensor("batch2"));
   Value x = b.convert(c.tensor("batch1"), acc), y = b.convert(c.tensor("batch2"), acc);
   return std::vector<Value>{add_product(c, b.dot_general(x, y, {}, {}, {0, 2}, {0, 1}, acc))};
 });

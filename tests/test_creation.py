@@ -1,0 +1,162 @@
+"""Factory functions on tpu (zeros, ones, full, empty, arange, linspace, eye and
+the *_like / new_* variants) compared with the same call on CPU."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import ALL_DTYPES, FLOAT_DTYPES, assert_same, make, tpu
+
+
+def same_factory(fn, **kw):
+    """fn(device=..., **kw) on tpu vs on CPU."""
+    actual = fn(device="tpu", **kw)
+    assert actual.device.type == "tpu"
+    assert_same(actual, fn(device="cpu", **kw))
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3)])
+def test_zeros_ones_full(dtype, shape):
+    same_factory(lambda **k: torch.zeros(shape, **k), dtype=dtype)
+    same_factory(lambda **k: torch.ones(shape, **k), dtype=dtype)
+    same_factory(lambda **k: torch.full(shape, 1 if dtype == torch.bool else 7, **k), dtype=dtype)
+
+
+def test_full_infers_dtype():
+    same_factory(lambda **k: torch.full((2, 2), 3, **k))
+    same_factory(lambda **k: torch.full((2, 2), 2.5, **k))
+    same_factory(lambda **k: torch.full((2,), True, **k))
+    same_factory(lambda **k: torch.full((3,), -1.5, **k), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_empty(dtype):
+    for t in (torch.empty(2, 3, device="tpu", dtype=dtype), torch.empty((0, 4), device="tpu", dtype=dtype),
+              torch.empty_like(tpu(make((3,), dtype))), tpu(make((1,))).new_empty((2, 2), dtype=dtype)):
+        assert t.device.type == "tpu"
+    t = torch.empty(2, 3, device="tpu", dtype=dtype)
+    assert t.dtype == dtype and t.shape == (2, 3)
+    assert t.cpu().shape == (2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool])
+def test_like_and_new(dtype):
+    x = make((2, 3), dtype, noncontiguous=True)
+    check = lambda fn: assert_same(fn(tpu(x)), fn(x))  # noqa: E731
+    check(torch.zeros_like)
+    check(torch.ones_like)
+    check(lambda t: torch.full_like(t, 1))
+    check(lambda t: torch.zeros_like(t, dtype=torch.float64))
+    check(lambda t: torch.ones_like(t, dtype=torch.int8))
+    check(lambda t: t.new_zeros((4,)))
+    check(lambda t: t.new_ones((2, 2), dtype=torch.float32))
+    check(lambda t: t.new_full((3,), 1))
+    check(lambda t: t.new_tensor([1, 0, 1]))
+    assert torch.empty_like(tpu(x)).shape == x.shape
+
+
+def test_device_arguments():
+    assert torch.zeros(2, device=torch.device("tpu")).device.type == "tpu"
+    assert torch.ones(2, device="tpu:0").device == torch.device("tpu:0")
+    assert torch.arange(3, device="tpu:1").device == torch.device("tpu:1")
+    assert_same(torch.arange(3, device="tpu:1"), torch.arange(3))
+    x = torch.zeros(2, device="tpu", dtype=torch.float16)
+    assert x.dtype == torch.float16
+    assert torch.zeros_like(tpu(make((2,))), device="cpu").device.type == "cpu"
+
+
+# ---- arange -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [(5,), (0,), (2, 9), (-3, 4, 2), (10, 0, -3), (0, 5, 7),
+                                  (5, 5), (-7, -20, -4)])
+@pytest.mark.parametrize("dtype", [None, torch.int32, torch.int64, torch.float32, torch.float64,
+                                   torch.bfloat16, torch.float16, torch.uint8, torch.int8])
+def test_arange_int_args(args, dtype):
+    if dtype == torch.uint8 and any(a < 0 for a in args):
+        pytest.skip("negative range in uint8")
+    same_factory(lambda **k: torch.arange(*args, **k), dtype=dtype)
+
+
+@pytest.mark.parametrize("args", [(0, 1, 0.1), (-1.5, 2.25, 0.25), (3.0,), (1.0, -1.0, -0.3),
+                                  (0, 100, 0.7), (1e-3, 2e-3, 1e-4)])
+@pytest.mark.parametrize("dtype", [None, torch.float64, torch.bfloat16, torch.float16])
+def test_arange_float_args(args, dtype):
+    same_factory(lambda **k: torch.arange(*args, **k), dtype=dtype)
+
+
+def test_arange_large_and_out():
+    same_factory(lambda **k: torch.arange(100000, **k))
+    same_factory(lambda **k: torch.arange(0, 1000, 0.01, **k))
+    same_factory(lambda **k: torch.arange(2**40, 2**40 + 10, **k))
+    out = tpu(torch.empty(0))
+    torch.arange(1, 4, out=out)
+    assert_same(out, torch.arange(1, 4, dtype=torch.float32))
+
+
+def test_arange_errors():
+    for args in [(0, 5, 0), (5, 0, 1)]:
+        with pytest.raises(RuntimeError):
+            torch.arange(*args)
+        with pytest.raises(RuntimeError):
+            torch.arange(*args, device="tpu")
+
+
+# ---- linspace -----------------------------------------------------------------------------
+
+def linspace_reference(start, end, n, dtype):
+    """PyTorch's scalar formula in the output precision (numpy float32/float64)."""
+    npt = np.float32 if dtype == torch.float32 else np.float64
+    s, e = npt(start), npt(end)
+    step = (e - s) / npt(n - 1) if n > 1 else npt(0)
+    half = n // 2
+    if n == 1:
+        return torch.tensor([s], dtype=dtype)
+    vals = [s + step * npt(i) if i < half else e - step * npt(n - 1 - i) for i in range(n)]
+    return torch.from_numpy(np.array(vals, dtype=npt))
+
+
+CASES = [(0, 1, 7), (-3.3, 7.1, 100), (0.1, 1e3, 1001), (1, -2.7, 33), (0, 1, 1), (2.5, 2.5, 5),
+         (0, 1, 0), (-1, 1, 2), (5, -5, 11)]
+
+
+@pytest.mark.parametrize("start,end,n", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linspace_formula_exact(start, end, n, dtype):
+    actual = torch.linspace(start, end, n, device="tpu", dtype=dtype)
+    assert actual.device.type == "tpu" and actual.dtype == dtype
+    assert torch.equal(actual.cpu(), linspace_reference(start, end, n, dtype))
+
+
+@pytest.mark.parametrize("start,end,n", CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.int32, torch.uint8])
+def test_linspace_vs_cpu(start, end, n, dtype):
+    if dtype == torch.uint8 and min(start, end) < 0:
+        pytest.skip("negative range in uint8")
+    # CPU's vectorized kernel uses the same formula per 16-lane block (start + lane*step
+    # from the block's first element), so values agree to a couple of ulps, not bitwise.
+    same_factory(lambda **k: torch.linspace(start, end, n, **k), dtype=dtype)
+
+
+def test_linspace_default_dtype_and_error():
+    same_factory(lambda **k: torch.linspace(-2, 2, 9, **k))
+    with pytest.raises(RuntimeError):
+        torch.linspace(0, 1, -1, device="tpu")
+    out = tpu(torch.empty(0, dtype=torch.float64))
+    torch.linspace(0, 1, 5, out=out)
+    assert_same(out, torch.linspace(0, 1, 5, dtype=torch.float64))
+
+
+# ---- eye ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [(0,), (1,), (3,), (3, 5), (5, 2), (4, 0)])
+@pytest.mark.parametrize("dtype", [None, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_eye(args, dtype):
+    same_factory(lambda **k: torch.eye(*args, **k), dtype=dtype)
+
+
+def test_eye_out_and_error():
+    out = tpu(torch.empty(0, dtype=torch.int32))
+    torch.eye(3, 2, out=out)
+    assert_same(out, torch.eye(3, 2, dtype=torch.int32))
+    with pytest.raises(RuntimeError):
+        torch.eye(-1, device="tpu")

@@ -1,0 +1,118 @@
+"""Matrix products (mm, bmm, mv, dot, addmm, baddbmm, ...) and the composites
+that decompose into them (matmul, linear, einsum), on tpu vs CPU."""
+import pytest
+import torch
+
+from conftest import FLOAT_DTYPES, assert_same, make, tpu
+
+# Sums of products: float32 results differ from CPU's blocked kernels by more
+# than elementwise rounding, so float32 gets rtol 1e-5 / atol 1e-4.
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-4)}
+
+
+def check(fn, *inputs, dtype=torch.float32):
+    assert_same(fn(*tpu(inputs)), fn(*inputs), **TOL.get(dtype, {}))
+
+
+def check_raises(fn, *inputs):
+    with pytest.raises(Exception) as cpu_err:
+        fn(*inputs)
+    with pytest.raises(cpu_err.type):
+        fn(*tpu(inputs))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.int32])
+def test_mm_bmm_mv_dot(dtype):
+    a, b = make((3, 7), dtype), make((7, 5), dtype, seed=1)
+    check(torch.mm, a, b, dtype=dtype)
+    check(torch.bmm, make((2, 3, 7), dtype), make((2, 7, 4), dtype, seed=1), dtype=dtype)
+    check(torch.mv, a, make((7,), dtype, seed=2), dtype=dtype)
+    check(torch.dot, make((7,), dtype), make((7,), dtype, seed=2), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_half_products_accumulate_in_float32(dtype):
+    # 512 products of 1 + 1: a float16/bfloat16 accumulator would lose the 1s.
+    a = torch.ones(2, 1024, dtype=dtype)
+    check(torch.mm, a, a.t(), dtype=dtype)
+    a = make((4, 256), dtype)
+    check(torch.mm, a, make((256, 3), dtype, seed=1), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1.5)])
+def test_addmm_baddbmm(dtype, beta, alpha):
+    m1, m2 = make((3, 4), dtype), make((4, 5), dtype, seed=1)
+    check(lambda s, x, y: torch.addmm(s, x, y, beta=beta, alpha=alpha), make((3, 5), dtype, seed=2), m1, m2,
+          dtype=dtype)
+    check(lambda s, x, y: torch.addmm(s, x, y, beta=beta, alpha=alpha), make((5,), dtype, seed=2), m1, m2,
+          dtype=dtype)  # broadcast bias
+    b1, b2 = make((2, 3, 4), dtype), make((2, 4, 5), dtype, seed=1)
+    check(lambda s, x, y: torch.baddbmm(s, x, y, beta=beta, alpha=alpha), make((2, 3, 5), dtype, seed=2), b1, b2,
+          dtype=dtype)
+
+
+def test_beta_zero_ignores_nan_in_self():
+    s = torch.full((3, 5), float("nan"))
+    s[0, 0] = float("inf")
+    m1, m2 = make((3, 4)), make((4, 5), seed=1)
+    check(lambda s, x, y: torch.addmm(s, x, y, beta=0), s, m1, m2)
+    check(lambda s, x, y: torch.baddbmm(s, x, y, beta=0, alpha=3),
+          s.expand(2, 3, 5), make((2, 3, 4)), make((2, 4, 5), seed=1))
+
+
+def test_addmv_addbmm():
+    check(lambda s, m, v: torch.addmv(s, m, v, beta=0.5, alpha=2), make((3,)), make((3, 4)), make((4,), seed=1))
+    check(lambda s, x, y: torch.addbmm(s, x, y, beta=2, alpha=0.5), make((3, 5)), make((2, 3, 4)),
+          make((2, 4, 5), seed=1))
+
+
+@pytest.mark.parametrize("shapes", [
+    ((4,), (4,)), ((3, 4), (4,)), ((4,), (4, 5)), ((3, 4), (4, 5)), ((2, 3, 4), (4, 5)),
+    ((4,), (2, 4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 5)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul(shapes, dtype):
+    check(torch.matmul, make(shapes[0], dtype), make(shapes[1], dtype, seed=1), dtype=dtype)
+
+
+def test_noncontiguous_and_transposed():
+    check(torch.mm, make((3, 4), noncontiguous=True), make((4, 5), seed=1))
+    check(torch.mm, make((4, 3)).t(), make((5, 4), seed=1).t())
+    check(torch.matmul, make((2, 3, 4), noncontiguous=True), make((2, 5, 4), seed=1).transpose(1, 2))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (4,)])
+def test_linear(shape, bias):
+    w, b = make((5, 4), seed=1), make((5,), seed=2)
+    if bias:
+        check(torch.nn.functional.linear, make(shape), w, b)
+    else:
+        check(torch.nn.functional.linear, make(shape), w)
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("i,i->", [(6,), (6,)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 4, 8), (2, 3, 5, 8)]),
+])
+def test_einsum(eq, shapes):
+    check(lambda *t: torch.einsum(eq, *t), *[make(s, seed=i) for i, s in enumerate(shapes)])
+
+
+def test_empty_and_degenerate():
+    check(torch.mm, torch.empty(3, 0), torch.empty(0, 4))  # zeros
+    check(torch.mm, torch.empty(0, 4), make((4, 5)))
+    check(torch.bmm, torch.empty(0, 3, 4), torch.empty(0, 4, 5))
+    check(torch.dot, torch.empty(0), torch.empty(0))
+
+
+def test_shape_and_dtype_errors_like_cpu():
+    check_raises(torch.mm, make((3, 4)), make((5, 6)))
+    check_raises(torch.bmm, make((2, 3, 4)), make((3, 4, 5)))
+    check_raises(torch.matmul, make((3, 4)), make((3, 4)))
+    check_raises(torch.mm, make((3, 4)), make((4, 5), torch.float64))
+    check_raises(torch.dot, make((3,)), make((4,)))
+    check_raises(lambda s, x, y: torch.addmm(s, x, y), make((3, 5), torch.float64), make((3, 4)), make((4, 5)))
