@@ -141,7 +141,7 @@ def test_var_std(op, dtype, dim, correction):
     check(lambda t: getattr(t, op)(dim=dim, correction=correction, keepdim=True), x)
 
 
-@pytest.mark.filterwarnings("ignore:var\(\)")
+@pytest.mark.filterwarnings(r"ignore:var\(\)")
 def test_var_std_overloads():
     x = make(SHAPE, noncontiguous=True)
     check(lambda t: t.var(1, unbiased=False), x)

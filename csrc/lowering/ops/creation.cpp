@@ -12,47 +12,72 @@ DType cpu_acc_type(DType t) {
   return is_float(t) ? DType::F64 : DType::I64;
 }
 
-Value index_iota(Builder& b, const TensorType& out, DType dt) {
-  return b.iota(TensorType{dt, out.shape}, 0);
-}
-
 // arange(start, end, step): start + i * step in the accumulation type.
 std::vector<Value> arange(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
   DType acc = cpu_acc_type(out.dtype);
-  Value i = index_iota(b, out, acc);
+  Value i = b.iota(TensorType{acc, out.shape}, 0);
   Value start = b.splat(ctx.scalar("start"), TensorType{acc, out.shape});
   Value step = b.splat(ctx.scalar("step", Scalar::from_int(1)), TensorType{acc, out.shape});
   return {b.binary("add", start, b.binary("multiply", i, step))};
 }
 
+// c + x*i rounded once (as an FMA would), in float64, for an integer-valued i
+// below 2^26: x is split into two halves of at most 27 significant bits
+// (masking mantissa bits, not Veltkamp's multiply, which XLA could contract),
+// so both partial products are exact and c + x*i = s + t + x_lo*i exactly.
+Value fma_f64(Builder& b, const Value& x, const Value& i, const Value& c) {
+  auto add = [&](const Value& u, const Value& v) { return b.binary("add", u, v); };
+  auto sub = [&](const Value& u, const Value& v) { return b.binary("subtract", u, v); };
+  TensorType it{DType::I64, x.shape()};
+  Value bits = b.bitcast_convert(x, it);
+  Value x_hi = b.bitcast_convert(b.binary("and", bits, b.splat(Scalar::from_int(~int64_t(0x7FFFFFF)), it)), x.type);
+  Value x_lo = sub(x, x_hi);
+  Value a = b.binary("multiply", x_hi, i);
+  Value s = add(c, a);  // Knuth's two-sum: s + t == c + a exactly
+  Value bb = sub(s, c);
+  Value t = add(sub(c, sub(s, bb)), sub(a, bb));
+  return add(s, add(t, b.binary("multiply", x_lo, i)));
+}
+
 // PyTorch's formula: start + step*i for the first half and end - step*(n-1-i)
-// for the second, with step rounded to the output type (double for integers)
-// and, as its CPU kernel is compiled, each product-sum fused (rounded once).
-// The products and sums are formed in float64, exact for float32 and narrower
-// (a 24-bit step times an index below 2^29), so only the final conversion rounds.
+// for the second, step in the output type (double for integers). Its CPU
+// kernel, as compiled, fuses each product-sum (one rounding); half types go
+// through c10::Half operators instead, rounding after every operation.
 std::vector<Value> linspace(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   int64_t n = out.numel();
   if (n == 0) return {b.zeros(out)};
+  bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
   DType dt = is_float(out.dtype) ? out.dtype : DType::F64;
-  // start/end are first rounded to the output type, as scalar_start.to<scalar_t>().
+  DType wt = half ? DType::F32 : DType::F64;  // the type operations are carried out in
+  auto round = [&](const Value& v) { return half ? b.convert(b.convert(v, dt), wt) : v; };
+  // start/end are first converted to the output type, as scalar_start.to<scalar_t>().
   auto endpoint = [&](const char* name) {
     Value v = b.convert(b.broadcast_to(ctx.operand(name, DType::F64), {}), out.dtype);
-    return b.convert(v, dt);
+    return b.convert(b.convert(v, dt), wt);
   };
   Value start = endpoint("start"), end = endpoint("end");
   if (n == 1) return {b.broadcast_to(start, out.shape)};
-  Value step = b.binary("divide", b.binary("subtract", end, start), b.constant_int(n - 1, dt));
-  auto wide = [&](const Value& v) { return b.broadcast_to(b.convert(v, DType::F64), out.shape); };
-  Value i = index_iota(b, out, DType::F64);
+  Value steps = round(b.constant_int(n - 1, wt));
+  Value step = round(b.binary("divide", round(b.binary("subtract", end, start)), steps));
+  if (dt == DType::F32) step = b.convert(b.convert(step, dt), wt);
+  auto full = [&](const Value& v) { return b.broadcast_to(v, out.shape); };
+  Value i = b.iota(TensorType{wt, out.shape}, 0);
   Value rev = b.binary("subtract", b.splat(Scalar::from_int(n - 1), i.type), i);
-  Value lo = b.binary("add", wide(start), b.binary("multiply", wide(step), i));
-  Value hi = b.binary("subtract", wide(end), b.binary("multiply", wide(step), rev));
-  Value first = b.compare(Cmp::LT, index_iota(b, out, DType::I64),
+  Value lo, hi;
+  if (half) {
+    auto term = [&](const Value& idx) { return round(b.binary("multiply", full(step), round(idx))); };
+    lo = round(b.binary("add", full(start), term(i)));
+    hi = round(b.binary("subtract", full(end), term(rev)));
+  } else {
+    lo = fma_f64(b, full(step), i, full(start));
+    hi = fma_f64(b, b.unary("negate", full(step)), rev, full(end));
+  }
+  Value first = b.compare(Cmp::LT, b.iota(TensorType{DType::I64, out.shape}, 0),
                           b.splat(Scalar::from_int(n / 2), TensorType{DType::I64, out.shape}));
   return {b.select(first, lo, hi)};
 }
