@@ -654,19 +654,27 @@ std::vector<runtime::BufferPtr> run_cached(
   return rt().execute(*plan->exe, params, device);
 }
 
-runtime::BufferPtr materialize(const at::Tensor& t) {
-  StorageBuffer& sb = device::storage_of(t);
-  DType dt = device::to_dtype(t.scalar_type());
-  const auto& buffer = device::ensure_buffer(sb, dt);
-  StridedView view = view_of(t);
-  if (sb.dtype == dt && view.covers_whole(sb.numel())) return buffer;
-  std::string key = "$read|";
+namespace {
+// Key of an internal program that reads or writes view `t` of storage `sb`.
+std::string view_key(const char* what, const at::Tensor& t, const StorageBuffer& sb, DType dt) {
+  std::string key = what;
   put(key, static_cast<char>(dt));
   put(key, static_cast<char>(sb.dtype));
   put(key, static_cast<int64_t>(sb.numel()));
   put(key, t.sizes());
   put(key, t.strides());
   put(key, t.storage_offset());
+  return key;
+}
+}  // namespace
+
+runtime::BufferPtr materialize(const at::Tensor& t) {
+  StorageBuffer& sb = device::storage_of(t);
+  DType dt = device::to_dtype(t.scalar_type());
+  const auto& buffer = device::ensure_buffer(sb, dt);
+  StridedView view = view_of(t);
+  if (sb.dtype == dt && view.covers_whole(sb.numel())) return buffer;
+  std::string key = view_key("$read|", t, sb, dt);
   TensorType storage_type{sb.dtype, {sb.numel()}};
   int64_t n = t.numel();
   return run_cached(key, {buffer}, sb.device, [&](Builder& b) {
@@ -687,13 +695,7 @@ void assign(const at::Tensor& t, runtime::BufferPtr values) {
     return;
   }
   const auto& base = device::ensure_buffer(sb, dt);
-  std::string key = "$write|";
-  put(key, static_cast<char>(dt));
-  put(key, static_cast<char>(sb.dtype));
-  put(key, static_cast<int64_t>(sb.numel()));
-  put(key, t.sizes());
-  put(key, t.strides());
-  put(key, t.storage_offset());
+  std::string key = view_key("$write|", t, sb, dt);
   TensorType storage_type{sb.dtype, {sb.numel()}};
   TensorType values_type{dt, {t.numel()}};
   auto out = run_cached(key, {base, values}, sb.device, [&](Builder& b) {

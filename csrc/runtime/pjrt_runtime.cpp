@@ -53,6 +53,18 @@ std::string named_value_string(const PJRT_NamedValue& v) {
   return "";
 }
 
+// A scalar client option; the caller sets the value field.
+PJRT_NamedValue named_value(const char* name, PJRT_NamedValue_Type type) {
+  PJRT_NamedValue v;
+  std::memset(&v, 0, sizeof(v));
+  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  v.name = name;
+  v.name_size = std::strlen(name);
+  v.type = type;
+  v.value_size = 1;
+  return v;
+}
+
 }  // namespace
 
 Metrics& metrics() {
@@ -170,26 +182,14 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
 
   std::vector<PJRT_NamedValue> options;
   if (name == "cpu" && cpu_device_count > 0) {
-    PJRT_NamedValue v;
-    std::memset(&v, 0, sizeof(v));
-    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    v.name = "cpu_device_count";
-    v.name_size = std::strlen(v.name);
-    v.type = PJRT_NamedValue_kInt64;
+    PJRT_NamedValue v = named_value("cpu_device_count", PJRT_NamedValue_kInt64);
     v.int64_value = cpu_device_count;
-    v.value_size = 1;
     options.push_back(v);
   }
   if (name == "cuda") {
     // Leave GPU memory to PyTorch's own allocator when both share the GPU.
-    PJRT_NamedValue v;
-    std::memset(&v, 0, sizeof(v));
-    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    v.name = "preallocate";
-    v.name_size = std::strlen(v.name);
-    v.type = PJRT_NamedValue_kBool;
+    PJRT_NamedValue v = named_value("preallocate", PJRT_NamedValue_kBool);
     v.bool_value = false;
-    v.value_size = 1;
     options.push_back(v);
   }
   auto create = PJRT_ARGS(PJRT_Client_Create_Args);

@@ -39,26 +39,16 @@ std::vector<Value> div(LoweringContext& ctx) {
   return {q};
 }
 
-std::vector<Value> remainder(LoweringContext& ctx) {
+// Binary ops computed in the promoted dtype on operands broadcast to the output.
+template <Value (*Fn)(Builder&, const Value&, const Value&)>
+std::vector<Value> promoted_binary(LoweringContext& ctx) {
   DType dt = compute_dtype(ctx, "self", "other");
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
-  return {python_remainder(ctx.b, a, d)};
+  return {Fn(ctx.b, a, d)};
 }
 
-std::vector<Value> fmod(LoweringContext& ctx) {
-  DType dt = compute_dtype(ctx, "self", "other");
-  const Shape& shape = ctx.out().shape;
-  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
-  return {ctx.b.binary("remainder", a, d)};
-}
-
-std::vector<Value> floor_div(LoweringContext& ctx) {
-  DType dt = compute_dtype(ctx, "self", "other");
-  const Shape& shape = ctx.out().shape;
-  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
-  return {floor_divide(ctx.b, a, d)};
-}
+Value c_remainder(Builder& b, const Value& a, const Value& d) { return b.binary("remainder", a, d); }
 
 // copy_(self, src): src converted to self's dtype and broadcast to its shape.
 std::vector<Value> copy(LoweringContext& ctx) {
@@ -85,9 +75,9 @@ TORCH_PJRT_LOWERING("rsub", [](LoweringContext& c) {
 });
 TORCH_PJRT_LOWERING("mul", mul);
 TORCH_PJRT_LOWERING("div", div);
-TORCH_PJRT_LOWERING("remainder", remainder);
-TORCH_PJRT_LOWERING("fmod", fmod);
-TORCH_PJRT_LOWERING("floor_divide", floor_div);
+TORCH_PJRT_LOWERING("remainder", promoted_binary<python_remainder>);
+TORCH_PJRT_LOWERING("fmod", promoted_binary<c_remainder>);
+TORCH_PJRT_LOWERING("floor_divide", promoted_binary<floor_divide>);
 TORCH_PJRT_LOWERING("copy", copy);
 TORCH_PJRT_LOWERING("fill", fill);
 TORCH_PJRT_LOWERING("zero", zero);

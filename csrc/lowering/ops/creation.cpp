@@ -1,5 +1,8 @@
 // Factories whose values are not a constant fill: arange, linspace, eye.
 // (zeros/ones/full/empty and the *_like variants are empty + fill_.)
+#include <cmath>
+#include <utility>
+
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -22,6 +25,12 @@ std::vector<Value> arange(LoweringContext& ctx) {
   Value start = b.splat(ctx.scalar("start"), TensorType{acc, out.shape});
   Value step = b.splat(ctx.scalar("step", Scalar::from_int(1)), TensorType{acc, out.shape});
   return {b.binary("add", start, b.binary("multiply", i, step))};
+}
+
+std::pair<double, double> integer_range(DType t) {
+  int bits = 8 * int(itemsize(t));
+  if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
+  return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
 }
 
 // c + x*i rounded once (as an FMA would), in float64, for an integer-valued i
@@ -54,17 +63,31 @@ std::vector<Value> linspace(LoweringContext& ctx) {
   bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
   DType dt = is_float(out.dtype) ? out.dtype : DType::F64;
   DType wt = half ? DType::F32 : DType::F64;  // the type operations are carried out in
-  auto round = [&](const Value& v) { return half ? b.convert(b.convert(v, dt), wt) : v; };
+  // Rounds a wt value to the output precision, as each operation on scalar_t does.
+  auto round = [&](const Value& v) { return dt != wt ? b.convert(b.convert(v, dt), wt) : v; };
   // start/end are first converted to the output type, as scalar_start.to<scalar_t>().
+  // As Scalar::to<scalar_t>(): integer scalars wrap into integer outputs,
+  // float ones out of the output's range raise.
   auto endpoint = [&](const char* name) {
-    Value v = b.convert(b.broadcast_to(ctx.operand(name, DType::F64), {}), out.dtype);
+    const Arg& a = ctx.arg(name);
+    bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||
+                      (a.kind == Arg::Tensor && !is_float(a.tensor.dtype()));
+    if ((a.kind == Arg::Float || a.kind == Arg::Int) && is_integral(out.dtype, false)) {
+      auto [lo, hi] = integer_range(out.dtype);
+      if (a.kind == Arg::Int && is_unsigned(out.dtype)) lo = -hi;  // c10::overflows lets -1 wrap
+      double v = a.scalar.to_double();
+      if (v < lo || v > hi)
+        ctx.fail(std::string("value cannot be converted to type ") + dtype_name(out.dtype) +
+                 " without overflow");
+    }
+    Value v = ctx.operand(name, int_scalar ? DType::I64 : DType::F64);
+    v = b.convert(b.reshape(v, {}), out.dtype);
     return b.convert(b.convert(v, dt), wt);
   };
   Value start = endpoint("start"), end = endpoint("end");
   if (n == 1) return {b.broadcast_to(start, out.shape)};
   Value steps = round(b.constant_int(n - 1, wt));
   Value step = round(b.binary("divide", round(b.binary("subtract", end, start)), steps));
-  if (dt == DType::F32) step = b.convert(b.convert(step, dt), wt);
   auto full = [&](const Value& v) { return b.broadcast_to(v, out.shape); };
   Value i = b.iota(TensorType{wt, out.shape}, 0);
   Value rev = b.binary("subtract", b.splat(Scalar::from_int(n - 1), i.type), i);
