@@ -90,14 +90,9 @@ def reset_peak_memory_stats(device=None):
     _C().reset_peak_memory_stats(_index(device))
 
 
-def _generator(device=None):
-    return torch._C._get_privateuse1_default_generator(_index(device)) \
-        if hasattr(torch._C, "_get_privateuse1_default_generator") \
-        else torch.Generator(device=f"tpu:{_index(device)}")
-
-
 def default_generator(device=None):
-    return _generator(device)
+    """The device's default generator (what torch.manual_seed seeds)."""
+    return _C().default_generator(_index(device))
 
 
 def manual_seed(seed):

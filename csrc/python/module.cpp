@@ -2,8 +2,10 @@
 // (torch_pjrt/_plugin.py); this module exposes the C++ layers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
 
 #include "device/current_device.h"
+#include "device/generator.h"
 #include "device/storage.h"
 #include "eager/executor.h"
 #include "lowering/registry.h"
@@ -39,6 +41,9 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("synchronize", [](int device) {
     py::gil_scoped_release release;
     runtime::Runtime::get().synchronize(device);
+  });
+  m.def("default_generator", [](int device) {
+    return py::reinterpret_steal<py::object>(THPGenerator_Wrap(device::default_generator(device)));
   });
   m.def("memory_allocated", &device::memory_allocated);
   m.def("max_memory_allocated", &device::max_memory_allocated);

@@ -27,14 +27,15 @@ std::vector<Value> arange(LoweringContext& ctx) {
   return {b.binary("add", start, b.binary("multiply", i, step))};
 }
 
+// The values an integer dtype holds, as doubles.
 std::pair<double, double> integer_range(DType t) {
   int bits = 8 * int(itemsize(t));
   if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
   return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
 }
 
-// c + x*i rounded once (as an FMA would), in float64, for an integer-valued i
-// below 2^26: x is split into two halves of at most 27 significant bits
+// c + x*i rounded (nearly always) once, as an FMA would, in float64, for an
+// integer-valued i below 2^26: x is split into two halves of at most 27 significant bits
 // (masking mantissa bits, not Veltkamp's multiply, which XLA could contract),
 // so both partial products are exact and c + x*i = s + t + x_lo*i exactly.
 Value fma_f64(Builder& b, const Value& x, const Value& i, const Value& c) {
@@ -65,9 +66,8 @@ std::vector<Value> linspace(LoweringContext& ctx) {
   DType wt = half ? DType::F32 : DType::F64;  // the type operations are carried out in
   // Rounds a wt value to the output precision, as each operation on scalar_t does.
   auto round = [&](const Value& v) { return dt != wt ? b.convert(b.convert(v, dt), wt) : v; };
-  // start/end are first converted to the output type, as scalar_start.to<scalar_t>().
-  // As Scalar::to<scalar_t>(): integer scalars wrap into integer outputs,
-  // float ones out of the output's range raise.
+  // start/end are first converted to the output type, as Scalar::to<scalar_t>()
+  // does: integer scalars wrap into integer outputs, out-of-range values raise.
   auto endpoint = [&](const char* name) {
     const Arg& a = ctx.arg(name);
     bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||

@@ -1,1 +1,54 @@
-// Indexing ops live with their gather helper in shape.cpp (index_select, gather).
+// Indexing along one dimension: index_select and gather. Indices are not
+// range-checked (that needs their values, which stay on the device): XLA's
+// gather clamps out-of-range ones where PyTorch raises.
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// x gathered along `dim` with `idx` (any int dtype, the output's shape): out[p] =
+// x[p with p[dim] replaced by idx[p]]. The other coordinates come from iotas.
+Value gather_along(Builder& b, const Value& x, const Value& idx, int64_t dim) {
+  Shape coord_shape = idx.shape();
+  coord_shape.push_back(1);
+  TensorType it{DType::I64, idx.shape()};
+  std::vector<Value> coords;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    Value c = d == dim ? b.convert(idx, DType::I64) : b.iota(it, d);
+    coords.push_back(b.reshape(c, coord_shape));
+  }
+  return b.gather_elements(x, b.concatenate(coords, x.rank()));
+}
+
+std::vector<Value> index_select(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& x = ctx.tensor("self");
+  const TensorType& out = ctx.out();
+  // PyTorch's Meta kernel leaves these checks to the device kernel.
+  const Value& index = ctx.tensor("index");
+  if (index.rank() > 1) ctx.fail("index_select(): Index is supposed to be a vector");
+  if (index.dtype() != DType::I64 && index.dtype() != DType::I32)
+    ctx.fail("index_select(): Expected dtype int32 or int64 for index");
+  if (out.numel() == 0) return {b.zeros(out)};
+  if (x.rank() == 0) return {x};
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+  Value idx = b.reshape(index, {index.type.numel()});  // a 0-d index selects one entry
+  return {gather_along(b, x, b.broadcast_in_dim(idx, out.shape, {dim}), dim)};
+}
+
+std::vector<Value> gather(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& x = ctx.tensor("self");
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  if (x.rank() == 0) return {x};
+  Value idx = b.reshape(ctx.tensor("index"), out.shape);
+  return {gather_along(b, x, idx, wrap_dim(ctx.to_int("dim", 0), x.rank()))};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("index_select", index_select);
+TORCH_PJRT_LOWERING("gather", gather);
+
+}  // namespace torch_pjrt::lowering::ops

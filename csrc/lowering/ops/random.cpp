@@ -1,8 +1,9 @@
-// Random ops: bits from stablehlo.rng_bit_generator (THREE_FRY) keyed by the
-// 128-bit state the executor draws from the tpu generator for each call.
+// Random ops: counter-based Threefry bits keyed by the 128-bit state the
+// executor draws from the tpu generator for each call, so programs are
+// compiled once and results follow torch.manual_seed.
 #include <cmath>
-#include <utility>
 #include <limits>
+#include <utility>
 
 #include "lowering/ops/common.h"
 
@@ -93,6 +94,10 @@ std::vector<Value> uniform(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
   double from = ctx.to_double("from", 0.0), to = ctx.to_double("to", 1.0);
+  // PyTorch checks this in the device kernel, after its Meta kernel.
+  if (!(from <= to))
+    ctx.fail("uniform_ expects to return a [from, to) range, but found from=" + std::to_string(from) +
+             " > to=" + std::to_string(to));
   Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
   Value r = b.binary("add", b.binary("multiply", u, b.splat(Scalar::from_float(to - from), u.type)),
                      b.splat(Scalar::from_float(from), u.type));
@@ -106,15 +111,15 @@ std::vector<Value> uniform(LoweringContext& ctx) {
 Value standard_normal(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
   int64_t n = out.numel();
-  Value u = uniform01(ctx, 2 * n, out.dtype);
-  DType wt = u.dtype();
+  // Full work-type precision even for half outputs: with bfloat16's 8 bits the
+  // radius would stop at sqrt(-2 ln 2^-8) = 3.3.
+  Value u = uniform01(ctx, 2 * n, work_type(out.dtype));
   Value u1 = b.slice(u, {0}, {n}), u2 = b.slice(u, {n}, {2 * n});
   u1 = b.binary("subtract", b.splat(Scalar::from_float(1.0), u1.type), u1);  // (0, 1]: log is finite
   Value radius = b.unary("sqrt", b.binary("multiply", b.splat(Scalar::from_float(-2.0), u1.type),
                                            b.unary("log", u1)));
   Value angle = b.binary("multiply", b.splat(Scalar::from_float(2 * M_PI), u2.type), u2);
   Value z = b.binary("multiply", radius, b.unary("cosine", angle));
-  (void)wt;
   return b.reshape(z, out.shape);
 }
 
@@ -135,7 +140,7 @@ std::vector<Value> bernoulli(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
   DType wt = work_type(out.dtype);
-  Value u = b.reshape(uniform01(ctx, out.numel(), DType::F64 == wt ? DType::F64 : DType::F32), out.shape);
+  Value u = b.reshape(uniform01(ctx, out.numel(), wt), out.shape);
   Value p = operand_as(ctx, ctx.has("p") ? "p" : "self", wt, out.shape);
   return {b.convert(b.compare(Cmp::LT, u, p), out.dtype)};
 }
@@ -162,16 +167,26 @@ std::vector<Value> random(LoweringContext& ctx) {
   int64_t from = ctx.has("from") ? ctx.to_int("from", 0) : 0;
   // Range as unsigned: [from, to) has `range` values; 0 means 2^64.
   uint64_t range;
-  if (ctx.has("to"))
-    range = uint64_t(ctx.to_int("to", 0)) - uint64_t(from);
-  else
+  if (ctx.has("to")) {
+    int64_t to = ctx.to_int("to", 0);
+    if (from >= to)
+      ctx.fail("random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
+               " >= to=" + std::to_string(to));
+    range = uint64_t(to) - uint64_t(from);
+  } else {
     range = uint64_t(default_to_inclusive(out.dtype)) - uint64_t(from) + 1;
-  Value bits = random_bits(ctx, out.numel(), DType::I64);
-  Value v = bits;
+  }
+  Value v = random_bits(ctx, out.numel(), DType::I64);
+  auto k = [&](uint64_t c) { return b.splat(Scalar::from_int(int64_t(c)), v.type); };
   if (range != 0 && range <= (uint64_t(1) << 63)) {
     // Non-negative 63-bit words, so signed remainder is the unsigned one.
-    v = b.op("stablehlo.shift_right_logical", {bits, b.splat(Scalar::from_int(1), bits.type)}, bits.type);
-    v = b.binary("remainder", v, b.splat(Scalar::from_int(int64_t(range)), v.type));
+    v = b.op("stablehlo.shift_right_logical", {v, k(1)}, v.type);
+    v = b.binary("remainder", v, k(range));
+  } else if (range != 0) {
+    // v mod range for range > 2^63 is v or v - range; the unsigned v < range
+    // is a signed compare with both sign bits flipped.
+    Value lt = b.compare(Cmp::LT, b.binary("xor", v, k(uint64_t(1) << 63)), k(range ^ (uint64_t(1) << 63)));
+    v = b.select(lt, v, b.binary("subtract", v, k(range)));
   }
   v = b.binary("add", v, b.splat(Scalar::from_int(from), v.type));
   return {b.reshape(b.convert(v, out.dtype), out.shape)};

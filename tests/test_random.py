@@ -1,0 +1,255 @@
+"""Random ops on tpu: results stay on tpu with the requested dtype and shape,
+follow the distribution (checked on 10^5 samples), and are reproducible from
+the generator's seed."""
+import math
+
+import pytest
+import torch
+
+import torch_pjrt  # noqa: F401
+from conftest import tpu
+
+N = 100_000
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def on_tpu(t, dtype, shape):
+    assert t.device.type == "tpu"
+    assert t.dtype == dtype
+    assert tuple(t.shape) == tuple(shape)
+    return t.cpu()
+
+
+def moments(x):
+    x = x.double()
+    return x.mean().item(), x.std().item()
+
+
+# ---- uniform ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rand(dtype):
+    x = on_tpu(torch.rand(N, device="tpu", dtype=dtype), dtype, (N,))
+    assert x.min() >= 0 and x.max() < 1
+    mean, std = moments(x)
+    assert abs(mean - 0.5) < 0.01 and abs(std - math.sqrt(1 / 12)) < 0.01
+    # Every bin of a histogram gets its share (catches stuck or correlated bits).
+    counts = torch.histc(x.float(), bins=10, min=0, max=1)
+    assert (counts - N / 10).abs().max() < 0.05 * N / 10 + (0.3 * N / 10 if dtype == torch.bfloat16 else 0)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("lo,hi", [(-2.0, 3.0), (10.0, 10.5), (-1e-3, 0.0)])
+def test_uniform_(dtype, lo, hi):
+    x = on_tpu(torch.empty(N, device="tpu", dtype=dtype).uniform_(lo, hi), dtype, (N,))
+    assert x.min() >= lo and x.max() < hi
+    # Narrow dtypes quantize the interval (bfloat16 has 8 values in [10, 10.5)):
+    # the moments are compared with CPU's draw of the same dtype.
+    ref = torch.empty(N, dtype=dtype).uniform_(lo, hi)
+    (mean, std), (rmean, rstd) = moments(x), moments(ref)
+    width = hi - lo
+    assert abs(mean - rmean) < 0.01 * width and abs(std - rstd) < 0.01 * width
+    assert abs(mean - (lo + hi) / 2) < 0.1 * width
+
+
+def test_uniform_shapes_and_views():
+    on_tpu(torch.rand(2, 3, 4, device="tpu"), torch.float32, (2, 3, 4))
+    on_tpu(torch.rand((), device="tpu"), torch.float32, ())
+    on_tpu(torch.rand(0, 3, device="tpu"), torch.float32, (0, 3))
+    base = tpu(torch.zeros(4, 6))
+    base[:, ::2].uniform_(5, 6)  # a strided view: only its elements change
+    b = base.cpu()
+    assert (b[:, 1::2] == 0).all() and (b[:, ::2] >= 5).all() and (b[:, ::2] < 6).all()
+
+
+def test_uniform_error():
+    with pytest.raises(RuntimeError):
+        torch.empty(3).uniform_(2, 1)
+    with pytest.raises(RuntimeError):
+        torch.empty(3, device="tpu").uniform_(2, 1)
+
+
+# ---- normal -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_randn(dtype):
+    x = on_tpu(torch.randn(N, device="tpu", dtype=dtype), dtype, (N,))
+    mean, std = moments(x)
+    assert abs(mean) < 0.02 and abs(std - 1) < 0.02
+    assert torch.isfinite(x).all()
+    # Tails of a normal distribution: P(|z| > 2) = 0.0455.
+    frac = (x.double().abs() > 2).double().mean().item()
+    assert abs(frac - 0.0455) < 0.005
+    # P(|z| > 3.5) = 4.7e-4: about 47 of 10^5 (none if the uniforms are too coarse).
+    assert 15 < (x.double().abs() > 3.5).sum().item() < 100
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_(dtype):
+    x = on_tpu(torch.empty(N, device="tpu", dtype=dtype).normal_(3.0, 0.5), dtype, (N,))
+    mean, std = moments(x)
+    assert abs(mean - 3) < 0.01 and abs(std - 0.5) < 0.01
+
+
+def test_torch_normal_overloads():
+    x = on_tpu(torch.normal(2.0, 3.0, (N,), device="tpu"), torch.float32, (N,))
+    mean, std = moments(x)
+    assert abs(mean - 2) < 0.06 and abs(std - 3) < 0.06
+    means = tpu(torch.arange(4.0).repeat(N // 4))
+    stds = tpu(torch.tensor([0.1, 1.0, 2.0, 0.5]).repeat(N // 4))
+    m = N // 4  # samples per column; bounds are 6 standard errors
+    for y, s in [(torch.normal(means, 0.25), torch.full((4,), 0.25)),
+                 (torch.normal(means, stds), torch.tensor([0.1, 1.0, 2.0, 0.5]))]:
+        y = on_tpu(y, torch.float32, (N,)).view(-1, 4)
+        assert ((y.mean(0) - torch.arange(4.0)).abs() < 6 * s / m**0.5).all()
+        assert ((y.std(0) - s).abs() < 6 * s / (2 * m)**0.5).all()
+    z = on_tpu(torch.normal(1.0, stds), torch.float32, (N,)).view(-1, 4)
+    assert ((z.mean(0) - 1).abs() < 6 * stds.cpu()[:4] / m**0.5).all()
+
+
+def test_normal_error():
+    with pytest.raises(RuntimeError):
+        torch.empty(3).normal_(0, -1)
+    with pytest.raises(RuntimeError):
+        torch.empty(3, device="tpu").normal_(0, -1)
+
+
+# ---- bernoulli ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_bernoulli_float_p(p, dtype):
+    x = on_tpu(torch.empty(N, device="tpu", dtype=dtype).bernoulli_(p), dtype, (N,))
+    assert ((x == 0) | (x == 1)).all()
+    assert abs(x.double().mean().item() - p) < 0.01
+
+
+def test_bernoulli_tensor_p():
+    p = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0]).repeat(N // 5)
+    for y in (torch.bernoulli(tpu(p)), tpu(torch.zeros(N)).bernoulli_(tpu(p)),
+              torch.bernoulli(tpu(p.double())), torch.empty(N, device="tpu").bernoulli_(tpu(p.half()))):
+        assert y.device.type == "tpu" and y.shape == (N,)
+        freq = y.cpu().double().view(-1, 5).mean(0)
+        assert (freq - torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)).abs().max() < 0.02
+    assert torch.bernoulli(tpu(p.double())).dtype == torch.float64
+    y = on_tpu(torch.bernoulli(tpu(torch.zeros(N)), p=0.25), torch.float32, (N,))
+    assert abs(y.mean().item() - 0.25) < 0.01
+
+
+# ---- random_ / randint --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                                   torch.float32, torch.float64])
+@pytest.mark.parametrize("lo,hi", [(0, 10), (-5, 7), (3, 4), (0, 100)])
+def test_randint(dtype, lo, hi):
+    if dtype == torch.uint8 and lo < 0:
+        pytest.skip("negative bound for uint8")
+    x = on_tpu(torch.randint(lo, hi, (N,), device="tpu", dtype=dtype), dtype, (N,))
+    assert x.min() == lo and x.max() == hi - 1
+    assert (x == x.round()).all()
+    counts = torch.bincount((x.long() - lo), minlength=hi - lo).double()
+    expected = N / (hi - lo)
+    assert ((counts - expected).abs() / expected**0.5).max() < 6  # 6 sigma per bin
+
+
+def test_randint_large_and_default_dtype():
+    x = on_tpu(torch.randint(2**40, (N,), device="tpu"), torch.int64, (N,))
+    assert x.min() >= 0 and x.max() < 2**40 and x.double().mean() > 0.45 * 2**40
+    x = on_tpu(torch.randint(-2**62, 2**62, (N,), device="tpu"), torch.int64, (N,))
+    assert (x < 0).double().mean().item() == pytest.approx(0.5, abs=0.01)
+    on_tpu(torch.randint(5, (2, 3), device="tpu"), torch.int64, (2, 3))
+    on_tpu(torch.randint_like(tpu(torch.zeros(3, 2)), 7), torch.float32, (3, 2))
+
+
+@pytest.mark.parametrize("dtype,top", [(torch.int64, 2**63 - 1), (torch.int32, 2**31 - 1),
+                                       (torch.uint8, 255), (torch.float32, 2**24),
+                                       (torch.float64, 2**53), (torch.float16, 2**11),
+                                       (torch.bool, 1)])
+def test_random_default_range(dtype, top):
+    x = on_tpu(torch.empty(N, device="tpu", dtype=dtype).random_(), dtype, (N,))
+    xd = x.double()
+    assert xd.min() >= 0 and xd.max() <= top
+    assert abs(xd.mean().item() / top - 0.5) < 0.02
+
+
+def test_random_to_and_from():
+    x = on_tpu(torch.empty(N, device="tpu", dtype=torch.int64).random_(6), torch.int64, (N,))
+    assert x.min() == 0 and x.max() == 5
+    x = on_tpu(torch.empty(N, device="tpu", dtype=torch.int16).random_(-3, 3), torch.int16, (N,))
+    assert x.min() == -3 and x.max() == 2
+    x = on_tpu(torch.empty(N, device="tpu", dtype=torch.int8).random_(100, None), torch.int8, (N,))
+    assert x.min() == 100 and x.max() == 127
+    x = on_tpu(torch.empty(N, device="tpu", dtype=torch.int64).random_(-2**63, None), torch.int64, (N,))
+    assert (x < 0).double().mean().item() == pytest.approx(0.5, abs=0.01)
+    # A range wider than 2^63 but not the full 2^64; 64-bit words mod range, as on
+    # CPU, make the lowest 2^62 values twice as likely: half are negative.
+    x = on_tpu(torch.empty(N, device="tpu", dtype=torch.int64).random_(-2**62, None), torch.int64, (N,))
+    assert x.min() >= -2**62 and (x < 0).double().mean().item() == pytest.approx(0.5, abs=0.01)
+
+
+def test_random_error():
+    with pytest.raises(RuntimeError):
+        torch.empty(3, dtype=torch.int64).random_(5, 2)
+    with pytest.raises(RuntimeError):
+        torch.empty(3, device="tpu", dtype=torch.int64).random_(5, 2)
+
+
+# ---- seeding ------------------------------------------------------------------------------
+
+def draw():
+    return [torch.rand(5, device="tpu").cpu(), torch.randn(5, device="tpu").cpu(),
+            torch.randint(0, 1000, (5,), device="tpu").cpu()]
+
+
+def test_torch_manual_seed_reproduces():
+    torch.manual_seed(1234)
+    a = draw()
+    torch.manual_seed(1234)
+    b = draw()
+    torch.manual_seed(4321)
+    c = draw()
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x, y)
+        assert not torch.equal(x, z)
+
+
+def test_tpu_manual_seed_reproduces():
+    torch.tpu.manual_seed(7)
+    a = draw()
+    torch.tpu.manual_seed(7)
+    b = draw()
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_explicit_generator():
+    g1 = torch.Generator(device="tpu").manual_seed(99)
+    g2 = torch.Generator(device="tpu").manual_seed(99)
+    g3 = torch.Generator(device="tpu").manual_seed(100)
+    a = torch.rand(8, device="tpu", generator=g1).cpu()
+    b = torch.rand(8, device="tpu", generator=g2).cpu()
+    c = torch.rand(8, device="tpu", generator=g3).cpu()
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    # The generator advances: the next draw differs from the first.
+    assert not torch.equal(torch.rand(8, device="tpu", generator=g1).cpu(), a)
+    n1 = torch.empty(8, device="tpu").normal_(generator=g1).cpu()
+    n2 = torch.empty(8, device="tpu").normal_(generator=g2).cpu()
+    assert not torch.equal(n1, n2)  # g1 drew one extra time
+
+
+def test_successive_draws_differ_and_no_recompile(metrics_delta):
+    torch.rand(1000, device="tpu")
+    before = metrics_delta()["xla_compiles"]
+    a, b = torch.rand(1000, device="tpu").cpu(), torch.rand(1000, device="tpu").cpu()
+    assert not torch.equal(a, b)
+    assert (a == b).double().mean() < 0.01
+    assert metrics_delta()["xla_compiles"] == before  # the key is an input, not a constant
+
+
+def test_state_roundtrip():
+    gen = torch.Generator(device="tpu").manual_seed(5)
+    state = gen.get_state()
+    a = torch.rand(6, device="tpu", generator=gen).cpu()
+    gen.set_state(state)
+    b = torch.rand(6, device="tpu", generator=gen).cpu()
+    assert torch.equal(a, b)
