@@ -86,7 +86,6 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   }
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     TORCH_CHECK(t.device().is_cpu() && t.dim() == 0 && !pure_output,
-                inst.device >= 0 ? "" : "",
                 "Expected all tensors to be on the same device, but found at least two devices, ",
                 inst.device >= 0 ? tpu_name(inst.device) : std::string("tpu"), " and ", t.device(), "!");
     // A CPU scalar (often a wrapped Python number) becomes a constant.
@@ -366,7 +365,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
     return lowering::read_strided(b, flat, view_of(s.tensor));
   };
 
-  lowering::LoweringContext ctx{b, base, overload, {}, {}, std::nullopt, std::nullopt};
+  lowering::LoweringContext ctx{b, base, overload, {}, {}, std::nullopt};
   size_t slot_cursor = 0;
   auto next_tensor_value = [&](const at::Tensor& t, bool pure_output, bool* wrapped) -> std::optional<Value> {
     *wrapped = false;

@@ -43,7 +43,6 @@ struct LoweringContext {
   std::vector<TensorType> outputs;
   // A u64[2] random state input, present when the op asked for one.
   std::optional<Value> rng_state;
-  std::optional<Value> rng_state_out;  // set by random lowerings: the advanced state
 
   const Arg* find(const std::string& name) const;
   const Arg& arg(const std::string& name) const;  // throws if absent
