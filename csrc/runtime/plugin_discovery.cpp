@@ -49,7 +49,7 @@ std::vector<std::pair<std::string, std::string>> discover_plugins(
 std::string resolve_plugin(const std::string& name_or_path,
                            const std::vector<std::string>& roots) {
   if (name_or_path.find('/') != std::string::npos ||
-      name_or_path.size() > 3 && name_or_path.substr(name_or_path.size() - 3) == ".so") {
+      (name_or_path.size() > 3 && name_or_path.substr(name_or_path.size() - 3) == ".so")) {
     if (!file_exists(name_or_path))
       throw std::runtime_error("torch_pjrt: PJRT plugin file not found: '" + name_or_path +
                                "' (TORCH_PJRT_PLUGIN takes cpu, cuda, tpu or a path to a .so)");
