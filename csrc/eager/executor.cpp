@@ -92,10 +92,10 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
     put(k, 'C');
     put(k, static_cast<char>(t.scalar_type()));
     put(k, static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
-    double v = t.item().toDouble();
     if (c10::isIntegralType(t.scalar_type(), true)) {
       put(k, t.item().toLong());
     } else {
+      double v = t.item().toDouble();
       int64_t bits;
       std::memcpy(&bits, &v, 8);
       put(k, bits);

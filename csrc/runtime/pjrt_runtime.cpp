@@ -53,6 +53,14 @@ std::string named_value_string(const PJRT_NamedValue& v) {
   return "";
 }
 
+// Frees an error nobody can act on (destructors, readiness polling).
+void discard(const PJRT_Api* api, PJRT_Error* err) {
+  if (!err) return;
+  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  api->PJRT_Error_Destroy(&d);
+}
+
 // A scalar client option; the caller sets the value field.
 PJRT_NamedValue named_value(const char* name, PJRT_NamedValue_Type type) {
   PJRT_NamedValue v;
@@ -103,23 +111,13 @@ size_t element_size(PJRT_Buffer_Type type) {
 Buffer::~Buffer() {
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
-  PJRT_Error* err = api_->PJRT_Buffer_Destroy(&args);
-  if (err) {
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = err;
-    api_->PJRT_Error_Destroy(&d);
-  }
+  discard(api_, api_->PJRT_Buffer_Destroy(&args));
 }
 
 Executable::~Executable() {
   auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   args.executable = exe_;
-  PJRT_Error* err = api_->PJRT_LoadedExecutable_Destroy(&args);
-  if (err) {
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = err;
-    api_->PJRT_Error_Destroy(&d);
-  }
+  discard(api_, api_->PJRT_LoadedExecutable_Destroy(&args));
 }
 
 void Runtime::check(PJRT_Error* error, const char* what) const {
@@ -362,23 +360,14 @@ void Runtime::prune_pending_locked() {
     r.event = ev;
     PJRT_Error* err = api_->PJRT_Event_IsReady(&r);
     if (err || !r.is_ready) {
-      if (err) {
-        auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-        d.error = err;
-        api_->PJRT_Error_Destroy(&d);
-      }
+      discard(api_, err);
       keep.emplace_back(dev, ev);
       continue;
     }
     // Ready: an execution error (if any) surfaces again when its outputs are read.
     auto e = PJRT_ARGS(PJRT_Event_Error_Args);
     e.event = ev;
-    PJRT_Error* exec_err = api_->PJRT_Event_Error(&e);
-    if (exec_err) {
-      auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-      d.error = exec_err;
-      api_->PJRT_Error_Destroy(&d);
-    }
+    discard(api_, api_->PJRT_Event_Error(&e));
     auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
     d.event = ev;
     api_->PJRT_Event_Destroy(&d);
