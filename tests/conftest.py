@@ -90,5 +90,9 @@ def metrics_delta():
 
     def delta():
         now = torch_pjrt.metrics()
-        return {k: now[k] - before[k] for k in now}
+        out = {k: now[k] - before[k] for k in now if not isinstance(now[k], dict)}
+        out["cpu_fallbacks"] = {op: n - before["cpu_fallbacks"].get(op, 0)
+                                for op, n in now["cpu_fallbacks"].items()
+                                if n != before["cpu_fallbacks"].get(op, 0)}
+        return out
     return delta

@@ -197,10 +197,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_.source_Storage", set_storage_only);
   m.impl("set_", set_empty);
-  // Ops PyTorch would otherwise decompose (CompositeExplicitAutograd) but that
-  // lower to one tighter program: route them to the lowering registry.
-  for (const char* name : {"native_layer_norm"})
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/native/CPUFallback.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <mutex>
 #include <unordered_map>
 
@@ -62,11 +65,39 @@ struct Slot {
   int storage;       // index into `storages`
 };
 
+// A runtime scalar input: a float CPU 0-d tensor (often a wrapped Python
+// number), a float argument, or an element of a _foreach_ scalar list.
+struct ScalarInput {
+  double value;
+  bool from_float_arg;  // a `float`/`Scalar` argument (runtime only in dynamic mode)
+};
+
 struct OpInstance {
   std::vector<Slot> slots;
   std::vector<StorageBuffer*> storages;  // distinct storages, in first-seen order
   int device = -1;
-  std::string key;
+  bool foreach = false;    // _foreach_*: the element op, once per list index, in one program
+  std::string key_static;  // float arguments keyed by value
+  std::string key_dynamic; // float arguments as runtime inputs
+  std::vector<ScalarInput> scalars;
+
+  void put_both(const void* p, size_t n) {
+    key_static.append(static_cast<const char*>(p), n);
+    key_dynamic.append(static_cast<const char*>(p), n);
+  }
+  void put(int64_t v) { put_both(&v, sizeof(v)); }
+  void put(char c) { put_both(&c, 1); }
+  void put(c10::IntArrayRef a) {
+    put(static_cast<int64_t>(a.size()));
+    for (auto v : a) put(v);
+  }
+  void put(const std::string& s) { put_both(s.data(), s.size()); put('\0'); }
+  // A float that is a runtime input in dynamic mode, part of the key otherwise.
+  void put_float_arg(double d) {
+    key_static.append(reinterpret_cast<const char*>(&d), sizeof(d));
+    key_dynamic.push_back('~');
+    scalars.push_back(ScalarInput{d, true});
+  }
 };
 
 bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
@@ -78,27 +109,35 @@ bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()-
 
 std::string tpu_name(int index) { return "tpu:" + std::to_string(index); }
 
+bool is_scalar_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  auto ref = v.toListRef();
+  return !ref.empty() && (ref[0].isDouble() || ref[0].isInt()) && !v.isIntList();
+}
+
 void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_output) {
-  std::string& k = inst.key;
   if (!t.defined()) {
-    put(k, 'U');
+    inst.put('U');
     return;
   }
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
-    TORCH_CHECK(t.device().is_cpu() && t.dim() == 0 && !pure_output,
+    // _foreach_*.Tensor ops take their per-element scalars as a 1-d CPU tensor.
+    bool scalar_vector = inst.foreach && t.device().is_cpu() && t.dim() == 1 && !pure_output;
+    TORCH_CHECK(t.device().is_cpu() && (t.dim() == 0 || scalar_vector) && !pure_output,
                 "Expected all tensors to be on the same device, but found at least two devices, ",
                 inst.device >= 0 ? tpu_name(inst.device) : std::string("tpu"), " and ", t.device(), "!");
-    // A CPU scalar (often a wrapped Python number) becomes a constant.
-    put(k, 'C');
-    put(k, static_cast<char>(t.scalar_type()));
-    put(k, static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
-    if (c10::isIntegralType(t.scalar_type(), true)) {
-      put(k, t.item().toLong());
-    } else {
-      double v = t.item().toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &v, 8);
-      put(k, bits);
+    inst.put('C');
+    inst.put(static_cast<char>(t.scalar_type()));
+    inst.put(static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
+    inst.put(static_cast<int64_t>(t.numel()));
+    at::Tensor flat = t.reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      if (c10::isFloatingType(t.scalar_type())) {
+        // A CPU float scalar is always a runtime input: no recompile per value.
+        inst.scalars.push_back(ScalarInput{flat[i].item().toDouble(), false});
+      } else {
+        inst.put(flat[i].item().toLong());
+      }
     }
     return;
   }
@@ -116,22 +155,18 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
     inst.storages.push_back(&sb);
   }
   inst.slots.push_back(Slot{t, arg_index, pure_output, storage});
-  put(k, 'T');
-  put(k, static_cast<char>(dt));
-  put(k, t.sizes());
-  put(k, t.strides());
-  put(k, t.storage_offset());
-  put(k, static_cast<int64_t>(sb.nbytes));
-  put(k, static_cast<char>(sb.buffer ? static_cast<int>(sb.dtype) : -1));
-  put(k, static_cast<int64_t>(storage));
+  inst.put('T');
+  inst.put(static_cast<char>(dt));
+  inst.put(t.sizes());
+  inst.put(t.strides());
+  inst.put(t.storage_offset());
+  inst.put(static_cast<int64_t>(sb.nbytes));
+  inst.put(static_cast<char>(sb.buffer ? static_cast<int>(sb.dtype) : -1));
+  inst.put(static_cast<int64_t>(storage));
 }
 
 void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  std::string& k = inst.key;
-  k = schema.operator_name().name;
-  k += '.';
-  k += schema.overload_name();
-  k += '|';
+  inst.put(schema.operator_name().name + "." + schema.overload_name());
   const auto& sargs = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
@@ -140,58 +175,56 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
     if (v.isTensor()) {
       add_tensor(inst, v.toTensor(), ai, pure_output);
     } else if (v.isTensorList()) {
-      put(k, 'L');
+      inst.put('L');
       auto list = v.toTensorList();
-      put(k, static_cast<int64_t>(list.size()));
+      inst.put(static_cast<int64_t>(list.size()));
       for (const at::Tensor& t : list) add_tensor(inst, t, ai, pure_output);
     } else if (v.isList() && v.toListRef().size() > 0 &&
                (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
-      put(k, 'O');
+      inst.put('O');
       for (const auto& e : v.toListRef()) add_tensor(inst, e.isNone() ? at::Tensor() : e.toTensor(), ai, false);
     } else if (v.isNone()) {
-      put(k, 'N');
+      inst.put('N');
     } else if (v.isBool()) {
-      put(k, 'b');
-      put(k, static_cast<int64_t>(v.toBool()));
+      inst.put('b');
+      inst.put(static_cast<int64_t>(v.toBool()));
     } else if (v.isInt()) {
-      put(k, 'i');
-      put(k, v.toInt());
+      inst.put('i');
+      inst.put(v.toInt());
     } else if (v.isDouble()) {
-      put(k, 'd');
-      double d = v.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &d, 8);
-      put(k, bits);
+      inst.put('d');
+      inst.put_float_arg(v.toDouble());
     } else if (v.isIntList()) {
-      put(k, 'l');
-      put(k, v.toIntVector());
+      inst.put('l');
+      inst.put(v.toIntVector());
     } else if (v.isDoubleList()) {
-      put(k, 'f');
-      for (double d : v.toDoubleVector()) {
-        int64_t bits;
-        std::memcpy(&bits, &d, 8);
-        put(k, bits);
+      inst.put('f');
+      for (double d : v.toDoubleVector()) inst.put_both(&d, sizeof(d));
+    } else if (is_scalar_list(v)) {
+      inst.put('S');
+      for (const auto& e : v.toListRef()) {
+        if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
+        else if (e.isDouble()) { double d = e.toDouble(); inst.put_both(&d, sizeof(d)); }
+        else inst.put(e.toInt());
       }
     } else if (v.isString()) {
-      put(k, 's');
-      k += v.toStringRef();
-      put(k, '\0');
+      inst.put('s');
+      inst.put(v.toStringRef());
     } else if (v.isScalar()) {  // complex
       TORCH_CHECK_TYPE(false, "torch_pjrt: complex scalars are not supported (", schema.name(), ")");
     } else if (v.isDevice()) {
-      put(k, 'D');
+      inst.put('D');
       if (v.toDevice().type() == c10::DeviceType::PrivateUse1 && inst.device < 0)
         inst.device = v.toDevice().has_index() ? v.toDevice().index() : -1;
     } else if (v.isGenerator()) {
-      put(k, 'G');  // the key comes in as a program input
+      inst.put('G');  // the key comes in as a program input
     } else {
       // Layout, MemoryFormat and other enums arrive as ints above; anything
       // else is keyed by its printed form.
       std::ostringstream os;
       os << v;
-      put(k, '?');
-      k += os.str();
-      put(k, '\0');
+      inst.put('?');
+      inst.put(os.str());
     }
   }
 }
@@ -250,14 +283,24 @@ struct Resize {
   std::vector<int64_t> sizes;
 };
 
+// Where each program parameter comes from at run time.
+struct ParamSource {
+  enum Kind : char { Storage, Rng, Scalars } kind;
+  int storage = -1;
+  DType dtype = DType::F32;
+};
+
 struct Plan {
   runtime::ExecutablePtr exe;
-  std::vector<int> params;  // storage index per program parameter
-  std::vector<DType> param_dtypes;
-  bool needs_rng = false;
+  std::string text;
+  std::vector<ParamSource> params;
+  bool dynamic_floats = false;  // float arguments are in the scalar input
   std::vector<ReturnPlan> returns;
+  std::vector<int> return_arity;  // per schema return: -1 one value, n: a list of n
   std::vector<Write> writes;
   std::vector<Resize> resizes;
+  bool read_scalar_value = false;  // the lowering used a runtime scalar's value
+  std::vector<std::pair<int, std::string>> checks;  // debug mode: (bool output, message)
 };
 
 std::mutex g_cache_mutex;
@@ -272,6 +315,23 @@ std::shared_ptr<Plan> cache_find(const std::string& key) {
 void cache_put(const std::string& key, std::shared_ptr<Plan> plan) {
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache[key] = std::move(plan);
+}
+
+// Per op overload: may float arguments be runtime inputs? Learned from the
+// first build: a lowering that reads a float's value makes it keyed by value.
+enum class FloatMode : char { Unknown, Dynamic, Static };
+std::mutex g_mode_mutex;
+std::unordered_map<std::string, FloatMode> g_float_mode;
+
+FloatMode float_mode(const std::string& op) {
+  std::lock_guard<std::mutex> lock(g_mode_mutex);
+  auto it = g_float_mode.find(op);
+  return it == g_float_mode.end() ? FloatMode::Unknown : it->second;
+}
+
+void set_float_mode(const std::string& op, FloatMode m) {
+  std::lock_guard<std::mutex> lock(g_mode_mutex);
+  g_float_mode[op] = m;
 }
 
 runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
@@ -298,16 +358,11 @@ std::string op_display_name(const c10::FunctionSchema& schema) {
   return n;
 }
 
-std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                                 OpInstance& inst, const lowering::LoweringInfo& info,
-                                 const std::string& base, const std::string& overload) {
-  const auto& schema = op.schema();
-  const auto& sargs = schema.arguments();
-  const auto& srets = schema.returns();
-  auto plan = std::make_shared<Plan>();
-  plan->needs_rng = info.needs_rng;
-
-  // 1. PyTorch's own shape, dtype and error checks, on meta tensors.
+// PyTorch's own shape, dtype and error checks, on meta tensors; out= tensors
+// are resized to what the meta kernel made of them.
+torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                           OpInstance& inst, std::vector<Resize>* resizes) {
+  const auto& sargs = op.schema().arguments();
   torch::jit::Stack meta_stack;
   for (const auto& v : args) meta_stack.push_back(to_meta(v));
   std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
@@ -315,8 +370,56 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&meta_stack);
   }
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    if (!is_write(sargs[i]) || !meta_args[i].isTensor()) continue;
+    int s = -1;
+    for (size_t k = 0; k < inst.slots.size(); ++k)
+      if (inst.slots[k].arg_index == static_cast<int>(i)) s = static_cast<int>(k);
+    if (s < 0) continue;
+    const at::Tensor& m = meta_args[i].toTensor();
+    if (m.sizes() != inst.slots[s].tensor.sizes()) {
+      resizes->push_back(Resize{s, m.sizes().vec()});
+      inst.slots[s].tensor.resize_(m.sizes());
+      // Growing swaps in a new storage.
+      inst.storages[inst.slots[s].storage] = &device::storage_of(inst.slots[s].tensor);
+    }
+  }
+  return meta_stack;
+}
 
-  // 2. Which returns alias which (mutated) argument.
+// _foreach_ ops run their element op; argument names the element op knows.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> aliases = {
+      {"scalar", {"other", "value", "min", "max"}},
+      {"scalars", {"other", "value", "min", "max"}},
+      {"tensors1", {"end"}},
+      {"weights", {"weight"}},
+  };
+  return aliases;
+}
+
+bool debug_mode() {
+  static bool debug = [] {
+    const char* v = std::getenv("TORCH_PJRT_EAGER");
+    std::string mode = v ? v : "async";
+    TORCH_CHECK(mode == "async" || mode == "debug" || mode.empty(),
+                "torch_pjrt: TORCH_PJRT_EAGER must be 'async' or 'debug', got '", mode, "'");
+    return mode == "debug";
+  }();
+  return debug;
+}
+
+// The program for one op instance (not compiled yet).
+std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                            OpInstance& inst, const lowering::LoweringInfo& info,
+                            const std::string& base, const std::string& overload,
+                            const torch::jit::Stack& meta_stack, bool dynamic_floats) {
+  const auto& schema = op.schema();
+  const auto& sargs = schema.arguments();
+  const auto& srets = schema.returns();
+  auto plan = std::make_shared<Plan>();
+  plan->dynamic_floats = dynamic_floats;
+
   auto aliased_arg = [&](size_t r) -> int {
     const auto* ra = srets[r].alias_info();
     if (!ra) return -1;
@@ -332,29 +435,31 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
     return -1;
   };
 
-  // Resize out= tensors to what the meta kernel made of them.
-  for (size_t i = 0; i < sargs.size(); ++i) {
-    if (!is_write(sargs[i]) || !meta_args[i].isTensor()) continue;
-    int s = slot_of_arg(static_cast<int>(i));
-    if (s < 0) continue;
-    const at::Tensor& m = meta_args[i].toTensor();
-    if (m.sizes() != inst.slots[s].tensor.sizes()) {
-      plan->resizes.push_back(Resize{s, m.sizes().vec()});
-      inst.slots[s].tensor.resize_(m.sizes());
-      // Growing swaps in a new storage.
-      inst.storages[inst.slots[s].storage] = &device::storage_of(inst.slots[s].tensor);
-    }
-  }
-
-  // 3. The program.
   Builder b;
+  // Runtime scalars, one f64 vector parameter.
+  std::optional<Value> scalar_pack;
+  int64_t n_scalars = 0;
+  for (const auto& s : inst.scalars) n_scalars += (!s.from_float_arg || dynamic_floats);
+  if (n_scalars > 0) {
+    scalar_pack = b.param(TensorType{DType::F64, {n_scalars}});
+    plan->params.push_back(ParamSource{ParamSource::Scalars});
+  }
+  size_t scalar_cursor = 0;  // into inst.scalars
+  int64_t pack_cursor = 0;   // into the pack
+  // The next entry of inst.scalars: a runtime value, or nullopt when keyed by value.
+  auto next_scalar = [&]() -> std::optional<Value> {
+    const ScalarInput& s = inst.scalars.at(scalar_cursor++);
+    if (s.from_float_arg && !dynamic_floats) return std::nullopt;
+    int64_t k = pack_cursor++;
+    return b.reshape(b.slice(*scalar_pack, {k}, {k + 1}), {});
+  };
+
   std::vector<std::optional<Value>> storage_param(inst.storages.size());
   auto param_for = [&](int storage) -> Value {
     if (!storage_param[storage]) {
       StorageBuffer* sb = inst.storages[storage];
       storage_param[storage] = b.param(TensorType{sb->dtype, {sb->numel()}});
-      plan->params.push_back(storage);
-      plan->param_dtypes.push_back(sb->dtype);
+      plan->params.push_back(ParamSource{ParamSource::Storage, storage, sb->dtype});
     }
     return *storage_param[storage];
   };
@@ -365,47 +470,89 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
     return lowering::read_strided(b, flat, view_of(s.tensor));
   };
 
-  lowering::LoweringContext ctx{b, base, overload, {}, {}, std::nullopt};
+  // ---- arguments (a foreach list argument gives one Arg per element) ----
+  struct ArgForm {
+    Arg whole;
+    bool per_element = false;
+    std::vector<Arg> elems;
+    std::vector<int> elem_slots;  // tensor lists: the slot of each element
+  };
+  std::vector<ArgForm> forms(args.size());
   size_t slot_cursor = 0;
-  auto next_tensor_value = [&](const at::Tensor& t, bool pure_output, bool* wrapped) -> std::optional<Value> {
-    *wrapped = false;
-    if (!t.defined()) return std::nullopt;
+  auto tensor_arg = [&](const at::Tensor& t, bool pure_output, Arg* a, int* slot_out) {
+    if (slot_out) *slot_out = -1;
+    if (!t.defined()) return;
     if (t.device().type() != c10::DeviceType::PrivateUse1) {
-      *wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+      a->wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
       DType dt = device::to_dtype(t.scalar_type());
-      lowering::Scalar sc = c10::isIntegralType(t.scalar_type(), true)
-                                ? lowering::Scalar::from_int(t.item().toLong())
-                                : lowering::Scalar::from_float(t.item().toDouble());
-      return b.constant(sc, dt);
+      a->kind = Arg::Tensor;
+      if (c10::isFloatingType(t.scalar_type())) {
+        a->tensor = b.convert(*next_scalar(), dt);
+      } else {
+        a->tensor = b.constant(lowering::Scalar::from_int(t.item().toLong()), dt);
+      }
+      return;
     }
-    const Slot& s = inst.slots[slot_cursor++];
-    if (pure_output) return std::nullopt;
-    return read_slot(s);
+    int s = static_cast<int>(slot_cursor++);
+    if (slot_out) *slot_out = s;
+    if (pure_output) return;
+    a->kind = Arg::Tensor;
+    a->tensor = read_slot(inst.slots[s]);
+  };
+  auto scalar_arg = [&](const c10::IValue& v, Arg* a) {
+    if (v.isDouble()) {
+      a->kind = Arg::Float;
+      a->scalar = lowering::Scalar::from_float(v.toDouble());
+      a->dynamic = next_scalar();
+    } else {
+      a->kind = Arg::Int;
+      a->scalar = lowering::Scalar::from_int(v.toInt());
+    }
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
-    Arg a;
+    ArgForm& f = forms[i];
+    Arg& a = f.whole;
     a.name = sargs[i].name();
     bool pure_output = is_write(sargs[i]) && sargs[i].kwarg_only();
-    bool wrapped = false;
     if (v.isTensor()) {
-      auto val = next_tensor_value(v.toTensor(), pure_output, &wrapped);
-      if (val) {
-        a.kind = Arg::Tensor;
-        a.tensor = *val;
-        a.wrapped_number = wrapped;
+      const at::Tensor& t = v.toTensor();
+      if (inst.foreach && t.defined() && t.device().is_cpu() && t.dim() == 1) {
+        // Per-element scalars given as a CPU tensor.
+        f.per_element = true;
+        for (int64_t e = 0; e < t.numel(); ++e) {
+          Arg ea;
+          ea.name = a.name;
+          ea.kind = Arg::Tensor;
+          DType dt = device::to_dtype(t.scalar_type());
+          ea.tensor = c10::isFloatingType(t.scalar_type())
+                          ? b.convert(*next_scalar(), dt)
+                          : b.constant(lowering::Scalar::from_int(t[e].item().toLong()), dt);
+          f.elems.push_back(ea);
+        }
+      } else {
+        tensor_arg(t, pure_output, &a, nullptr);
       }
     } else if (v.isTensorList()) {
       a.kind = Arg::TensorList;
+      f.per_element = inst.foreach;
       for (const at::Tensor& t : v.toTensorList()) {
-        auto val = next_tensor_value(t, pure_output, &wrapped);
-        if (val) a.tensors.push_back(*val);
+        Arg ea;
+        ea.name = a.name;
+        int slot = -1;
+        tensor_arg(t, pure_output, &ea, &slot);
+        if (ea.kind == Arg::Tensor) a.tensors.push_back(ea.tensor);
+        f.elems.push_back(ea);
+        f.elem_slots.push_back(slot);
       }
     } else if (v.isList() && v.toListRef().size() > 0 &&
                (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
       a.kind = Arg::OptTensorList;
-      for (const auto& e : v.toListRef())
-        a.opt_tensors.push_back(next_tensor_value(e.isNone() ? at::Tensor() : e.toTensor(), false, &wrapped));
+      for (const auto& e : v.toListRef()) {
+        Arg ea;
+        tensor_arg(e.isNone() ? at::Tensor() : e.toTensor(), false, &ea, nullptr);
+        a.opt_tensors.push_back(ea.kind == Arg::Tensor ? std::optional<Value>(ea.tensor) : std::nullopt);
+      }
     } else if (v.isBool()) {
       a.kind = Arg::Bool;
       a.scalar = lowering::Scalar::from_bool(v.toBool());
@@ -418,117 +565,197 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, c10::ArrayRef<c1
         a.kind = Arg::ScalarType;
         a.dtype = device::to_dtype(static_cast<c10::ScalarType>(v.toInt()));
       } else {
-        a.kind = Arg::Int;
-        a.scalar = lowering::Scalar::from_int(v.toInt());
+        scalar_arg(v, &a);
       }
     } else if (v.isDouble()) {
-      a.kind = Arg::Float;
-      a.scalar = lowering::Scalar::from_float(v.toDouble());
+      scalar_arg(v, &a);
     } else if (v.isIntList()) {
       a.kind = Arg::IntList;
       a.ints = v.toIntVector();
     } else if (v.isDoubleList()) {
       a.kind = Arg::FloatList;
       a.floats = v.toDoubleVector();
+    } else if (is_scalar_list(v)) {
+      a.kind = Arg::FloatList;
+      f.per_element = inst.foreach;
+      for (const auto& e : v.toListRef()) {
+        a.floats.push_back(e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()));
+        Arg ea;
+        ea.name = a.name;
+        if (inst.foreach) scalar_arg(e, &ea);
+        f.elems.push_back(ea);
+      }
     } else if (v.isString()) {
       a.kind = Arg::String;
       a.str = v.toStringRef();
     } else if (!v.isNone()) {
       a.kind = Arg::Other;
     }
-    ctx.args.push_back(std::move(a));
-  }
-  if (info.needs_rng) ctx.rng_state = b.param(TensorType{DType::I64, {2}});
-
-  // Result types: tensor returns, from the meta results.
-  std::vector<size_t> tensor_returns;
-  for (size_t r = 0; r < srets.size(); ++r) {
-    const c10::IValue& mv = meta_stack[r];
-    if (mv.isTensor()) {
-      const at::Tensor& m = mv.toTensor();
-      ctx.outputs.push_back(TensorType{device::to_dtype(m.scalar_type()), m.sizes().vec()});
-      tensor_returns.push_back(r);
-    } else if (mv.isBool() || mv.isInt() || mv.isDouble()) {
-      // A host scalar: the lowering computes it as a 0-d tensor.
-      DType dt = mv.isBool() ? DType::Bool : mv.isInt() ? DType::I64 : DType::F64;
-      ctx.outputs.push_back(TensorType{dt, {}});
-      tensor_returns.push_back(r);
-    } else {
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_pjrt: ", op_display_name(schema),
-                                  " returns a value of a kind the eager executor does not handle");
-    }
   }
 
-  std::vector<Value> results = info.fn(ctx);
-  TORCH_CHECK(results.size() == ctx.outputs.size(), "torch_pjrt: lowering of ", op_display_name(schema),
-              " produced ", results.size(), " results, expected ", ctx.outputs.size());
+  std::optional<Value> rng_state;
+  if (info.needs_rng) {
+    rng_state = b.param(TensorType{DType::I64, {2}});
+    plan->params.push_back(ParamSource{ParamSource::Rng});
+  }
 
+  // ---- results ----
   std::vector<Value> program_outputs;
   std::vector<std::optional<Value>> storage_value(inst.storages.size());
   std::vector<DType> storage_dtype(inst.storages.size());
-  for (size_t j = 0; j < tensor_returns.size(); ++j) {
-    size_t r = tensor_returns[j];
-    const TensorType& want = ctx.outputs[j];
-    Value res = b.convert(results[j], want.dtype);
-    if (res.shape() != want.shape) res = b.broadcast_to(res, want.shape);
-    ReturnPlan rp;
-    const c10::IValue& mv = meta_stack[r];
-    int arg = aliased_arg(r);
-    if (!mv.isTensor()) {
-      rp.kind = ReturnPlan::HostScalar;
-      rp.type = srets[r].type();
-      rp.output = static_cast<int>(program_outputs.size());
-      rp.dtype = device::to_scalar_type(want.dtype);
-      program_outputs.push_back(res);
-    } else if (arg >= 0) {
-      rp.kind = ReturnPlan::Aliased;
-      rp.slot = slot_of_arg(arg);
-      TORCH_CHECK(rp.slot >= 0, "torch_pjrt: ", op_display_name(schema), ": aliased return without a tpu tensor");
-      const Slot& s = inst.slots[rp.slot];
-      at::assert_no_internal_overlap(s.tensor);
-      StorageBuffer* sb = inst.storages[s.storage];
-      StridedView view = view_of(s.tensor);
-      int64_t storage_numel = static_cast<int64_t>(sb->nbytes) / lowering::itemsize(want.dtype);
-      Value flat;
-      if (!storage_value[s.storage] && view.covers_whole(storage_numel) &&
-          sb->nbytes % lowering::itemsize(want.dtype) == 0) {
-        flat = b.reshape(res, {storage_numel});
-      } else {
-        // Never written: zeros give the partial write a base.
-        if (!storage_value[s.storage] && !sb->buffer) device::ensure_buffer(*sb, want.dtype);
-        Value base = storage_value[s.storage] ? *storage_value[s.storage] : param_for(s.storage);
-        flat = lowering::write_strided(b, lowering::reinterpret_flat(b, base, want.dtype), res, view);
-      }
-      storage_value[s.storage] = flat;
-      storage_dtype[s.storage] = want.dtype;
+  // Writes `res` into the view of slot `slot` (in-place results, mutations).
+  auto write_slot = [&](int slot, Value res) {
+    const Slot& s = inst.slots[slot];
+    DType dt = device::to_dtype(s.tensor.scalar_type());
+    res = b.convert(res, dt);
+    if (res.shape() != s.tensor.sizes().vec()) res = b.broadcast_to(res, s.tensor.sizes().vec());
+    at::assert_no_internal_overlap(s.tensor);
+    StorageBuffer* sb = inst.storages[s.storage];
+    StridedView view = view_of(s.tensor);
+    if (s.tensor.numel() == 0) return;
+    int64_t storage_numel = static_cast<int64_t>(sb->nbytes) / lowering::itemsize(dt);
+    Value flat;
+    if (!storage_value[s.storage] && view.covers_whole(storage_numel) &&
+        sb->nbytes % lowering::itemsize(dt) == 0) {
+      flat = b.reshape(res, {storage_numel});
     } else {
-      const at::Tensor& m = mv.toTensor();
-      rp.kind = ReturnPlan::Fresh;
-      rp.sizes = m.sizes().vec();
-      rp.dtype = m.scalar_type();
-      std::vector<int64_t> perm;
-      if (is_dense_permutation(m.sizes(), m.strides(), &perm)) {
-        rp.strides = m.strides().vec();
-        res = b.transpose(res, perm);
-      } else {
-        auto cs = c10::contiguous_strides(m.sizes());
-        rp.strides.assign(cs.begin(), cs.end());
-      }
-      rp.output = static_cast<int>(program_outputs.size());
-      program_outputs.push_back(b.reshape(res, {lowering::numel(want.shape)}));
+      // Never written: zeros give the partial write a base.
+      if (!storage_value[s.storage] && !sb->buffer) device::ensure_buffer(*sb, dt);
+      Value base = storage_value[s.storage] ? *storage_value[s.storage] : param_for(s.storage);
+      flat = lowering::write_strided(b, lowering::reinterpret_flat(b, base, dt), res, view);
     }
+    storage_value[s.storage] = flat;
+    storage_dtype[s.storage] = dt;
+  };
+  auto fresh_return = [&](const at::Tensor& m, Value res) {
+    ReturnPlan rp;
+    rp.kind = ReturnPlan::Fresh;
+    rp.sizes = m.sizes().vec();
+    rp.dtype = m.scalar_type();
+    res = b.convert(res, device::to_dtype(m.scalar_type()));
+    if (res.shape() != rp.sizes) res = b.broadcast_to(res, rp.sizes);
+    std::vector<int64_t> perm;
+    if (is_dense_permutation(m.sizes(), m.strides(), &perm)) {
+      rp.strides = m.strides().vec();
+      res = b.transpose(res, perm);
+    } else {
+      auto cs = c10::contiguous_strides(m.sizes());
+      rp.strides.assign(cs.begin(), cs.end());
+    }
+    rp.output = static_cast<int>(program_outputs.size());
+    program_outputs.push_back(b.reshape(res, {m.numel()}));
     plan->returns.push_back(rp);
+  };
+
+  if (inst.foreach) {
+    // One element op per list index, all in this program.
+    size_t n = 0;
+    for (const auto& f : forms)
+      if (f.per_element) { n = f.elems.size(); break; }
+    bool inplace = srets.empty();
+    TORCH_CHECK(inplace || (srets.size() == 1 && meta_stack[0].isTensorList()),
+                "torch_pjrt: ", op_display_name(schema), ": unexpected returns for a _foreach_ op");
+    std::vector<at::Tensor> metas;
+    if (!inplace) for (const at::Tensor& t : meta_stack[0].toTensorList()) metas.push_back(t);
+    for (size_t e = 0; e < n; ++e) {
+      lowering::LoweringContext ctx{b, base, overload, {}, {}, rng_state};
+      for (size_t i = 0; i < forms.size(); ++i) {
+        const ArgForm& f = forms[i];
+        Arg a = f.per_element ? f.elems.at(e) : f.whole;
+        ctx.args.push_back(a);
+        for (const auto& [from, tos] : foreach_aliases()) {
+          if (a.name != from) continue;
+          for (const auto& to : tos) {
+            Arg alias = a;
+            alias.name = to;
+            ctx.args.push_back(alias);
+          }
+        }
+      }
+      int self_slot = forms[0].elem_slots.at(e);
+      if (inplace) {
+        const at::Tensor& t = inst.slots.at(self_slot).tensor;
+        ctx.outputs.push_back(TensorType{device::to_dtype(t.scalar_type()), t.sizes().vec()});
+      } else {
+        ctx.outputs.push_back(TensorType{device::to_dtype(metas[e].scalar_type()), metas[e].sizes().vec()});
+      }
+      std::vector<Value> res = info.fn(ctx);
+      plan->read_scalar_value |= ctx.scalar_value_read;
+      TORCH_CHECK(res.size() == 1, "torch_pjrt: ", op_display_name(schema), ": element lowering gave ",
+                  res.size(), " results");
+      if (inplace) write_slot(self_slot, res[0]);
+      else fresh_return(metas[e], res[0]);
+    }
+    plan->return_arity.push_back(inplace ? 0 : static_cast<int>(n));
+    if (inplace) plan->return_arity.clear();
+  } else {
+    lowering::LoweringContext ctx{b, base, overload, {}, {}, rng_state};
+    ctx.checks_enabled = debug_mode();
+    for (auto& f : forms) ctx.args.push_back(f.whole);
+    // Result types: tensor returns, from the meta results.
+    for (size_t r = 0; r < srets.size(); ++r) {
+      const c10::IValue& mv = meta_stack[r];
+      if (mv.isTensor()) {
+        const at::Tensor& m = mv.toTensor();
+        ctx.outputs.push_back(TensorType{device::to_dtype(m.scalar_type()), m.sizes().vec()});
+      } else if (mv.isBool() || mv.isInt() || mv.isDouble()) {
+        // A host scalar: the lowering computes it as a 0-d tensor.
+        DType dt = mv.isBool() ? DType::Bool : mv.isInt() ? DType::I64 : DType::F64;
+        ctx.outputs.push_back(TensorType{dt, {}});
+      } else {
+        TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_pjrt: ", op_display_name(schema),
+                                    " returns a value of a kind the eager executor does not handle");
+      }
+    }
+    std::vector<Value> results = info.fn(ctx);
+    plan->read_scalar_value = ctx.scalar_value_read;
+    TORCH_CHECK(results.size() == ctx.outputs.size(), "torch_pjrt: lowering of ", op_display_name(schema),
+                " produced ", results.size(), " results, expected ", ctx.outputs.size());
+    for (size_t r = 0; r < srets.size(); ++r) {
+      const TensorType& want = ctx.outputs[r];
+      const c10::IValue& mv = meta_stack[r];
+      int arg = aliased_arg(r);
+      plan->return_arity.push_back(-1);
+      if (!mv.isTensor()) {
+        ReturnPlan rp;
+        rp.kind = ReturnPlan::HostScalar;
+        rp.type = srets[r].type();
+        rp.output = static_cast<int>(program_outputs.size());
+        rp.dtype = device::to_scalar_type(want.dtype);
+        Value res = b.convert(results[r], want.dtype);
+        program_outputs.push_back(res);
+        plan->returns.push_back(rp);
+      } else if (arg >= 0) {
+        ReturnPlan rp;
+        rp.kind = ReturnPlan::Aliased;
+        rp.slot = slot_of_arg(arg);
+        TORCH_CHECK(rp.slot >= 0, "torch_pjrt: ", op_display_name(schema), ": aliased return without a tpu tensor");
+        write_slot(rp.slot, results[r]);
+        plan->returns.push_back(rp);
+      } else {
+        fresh_return(mv.toTensor(), results[r]);
+      }
+    }
+    for (const auto& [name, value] : ctx.mutations) {
+      int arg = -1;
+      for (size_t i = 0; i < sargs.size(); ++i)
+        if (sargs[i].name() == name) arg = static_cast<int>(i);
+      TORCH_CHECK(arg >= 0 && is_write(sargs[arg]), "torch_pjrt: lowering of ", op_display_name(schema),
+                  " mutates '", name, "', which is not a mutable argument");
+      int slot = slot_of_arg(arg);
+      if (slot >= 0) write_slot(slot, value);  // an absent optional argument is skipped
+    }
+    for (const auto& c : ctx.checks) {
+      plan->checks.emplace_back(static_cast<int>(program_outputs.size()), c.message);
+      program_outputs.push_back(c.ok);
+    }
   }
   for (size_t s = 0; s < storage_value.size(); ++s) {
     if (!storage_value[s]) continue;
     plan->writes.push_back(Write{static_cast<int>(s), static_cast<int>(program_outputs.size()), storage_dtype[s]});
     program_outputs.push_back(*storage_value[s]);
   }
-  if (program_outputs.empty()) {
-    plan->exe = nullptr;  // nothing to compute (e.g. an empty tensor)
-    return plan;
-  }
-  plan->exe = compile_program(b.finish(program_outputs), op_display_name(schema));
+  if (!program_outputs.empty()) plan->text = b.finish(program_outputs);
   return plan;
 }
 
@@ -539,20 +766,48 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
   if (plan.exe) {
     std::vector<PJRT_Buffer*> params;
     std::vector<runtime::BufferPtr> keep;
-    for (size_t p = 0; p < plan.params.size(); ++p) {
-      StorageBuffer* sb = inst.storages[plan.params[p]];
-      params.push_back(device::ensure_buffer(*sb, plan.param_dtypes[p])->get());
-    }
-    if (plan.needs_rng) {
-      std::optional<at::Generator> gen;
-      for (const auto& v : args)
-        if (v.isGenerator()) gen = v.toGenerator();
-      auto key = device::next_rng_key(gen, device);
-      int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
-      keep.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
-      params.push_back(keep.back()->get());
+    for (const ParamSource& p : plan.params) {
+      switch (p.kind) {
+        case ParamSource::Storage:
+          params.push_back(device::ensure_buffer(*inst.storages[p.storage], p.dtype)->get());
+          break;
+        case ParamSource::Rng: {
+          std::optional<at::Generator> gen;
+          for (const auto& v : args)
+            if (v.isGenerator()) gen = v.toGenerator();
+          auto key = device::next_rng_key(gen, device);
+          int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
+          keep.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
+          params.push_back(keep.back()->get());
+          break;
+        }
+        case ParamSource::Scalars: {
+          std::vector<double> host;
+          for (const auto& s : inst.scalars)
+            if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
+          keep.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64,
+                                               {static_cast<int64_t>(host.size())}, device));
+          params.push_back(keep.back()->get());
+          break;
+        }
+      }
     }
     outputs = rt().execute(*plan.exe, params, device);
+    if (debug_mode()) {
+      // Wait here, so that a device error names this op (and Python's
+      // traceback points at the line that called it).
+      try {
+        rt().synchronize(device);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "torch_pjrt: ", op_display_name(schema), " failed on ", tpu_name(device), ": ",
+                    e.what());
+      }
+      for (const auto& [output, message] : plan.checks) {
+        bool ok = true;
+        rt().buffer_to_host(*outputs[output], &ok, 1);
+        TORCH_CHECK_INDEX(ok, "torch_pjrt: ", op_display_name(schema), ": ", message);
+      }
+    }
   }
   for (const Write& w : plan.writes) {
     StorageBuffer* sb = inst.storages[w.storage];
@@ -560,11 +815,10 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
     sb->dtype = w.dtype;
   }
   torch::jit::drop(*stack, nargs);
-  for (const ReturnPlan& rp : plan.returns) {
+  auto make_return = [&](const ReturnPlan& rp) -> c10::IValue {
     switch (rp.kind) {
       case ReturnPlan::Aliased:
-        stack->push_back(inst.slots[rp.slot].tensor);
-        break;
+        return inst.slots[rp.slot].tensor;
       case ReturnPlan::Fresh: {
         at::Tensor t = at::empty_strided(
             rp.sizes, rp.strides,
@@ -574,17 +828,26 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           sb.buffer = outputs[rp.output];
           sb.dtype = device::to_dtype(rp.dtype);
         }
-        stack->push_back(std::move(t));
-        break;
+        return t;
       }
       case ReturnPlan::HostScalar: {
         at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
         rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());
-        if (rp.type->kind() == c10::TypeKind::BoolType) stack->push_back(host.item<bool>());
-        else if (rp.type->kind() == c10::TypeKind::IntType) stack->push_back(host.item<int64_t>());
-        else stack->push_back(host.item<double>());
-        break;
+        if (rp.type->kind() == c10::TypeKind::BoolType) return host.item<bool>();
+        if (rp.type->kind() == c10::TypeKind::IntType) return host.item<int64_t>();
+        return host.item<double>();
       }
+    }
+    return c10::IValue();
+  };
+  size_t next = 0;
+  for (int arity : plan.return_arity) {
+    if (arity < 0) {
+      stack->push_back(make_return(plan.returns[next++]));
+    } else {
+      c10::List<at::Tensor> list;
+      for (int k = 0; k < arity; ++k) list.push_back(make_return(plan.returns[next++]).toTensor());
+      stack->push_back(std::move(list));
     }
   }
 }
@@ -594,7 +857,46 @@ std::string strip_namespace(const std::string& name) {
   return pos == std::string::npos ? name : name.substr(pos + 2);
 }
 
+// ---- CPU fallback for ops without a lowering ----------------------------------------------
+
+std::mutex g_fallback_mutex;
+std::map<std::string, int64_t> g_fallback_counts;
+
+bool fallback_is_error() {
+  static bool error = [] {
+    const char* v = std::getenv("TORCH_PJRT_FALLBACK");
+    std::string mode = v ? v : "cpu";
+    TORCH_CHECK(mode == "cpu" || mode == "error" || mode.empty(),
+                "torch_pjrt: TORCH_PJRT_FALLBACK must be 'cpu' or 'error', got '", mode, "'");
+    return mode == "error";
+  }();
+  return error;
+}
+
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string name = op_display_name(op.schema());
+  TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,
+                              " has no lowering for device tpu (plugin '", rt().info().name,
+                              "') and TORCH_PJRT_FALLBACK=error forbids running it on CPU; "
+                              "see torch_pjrt.supported_ops()");
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mutex);
+    first = g_fallback_counts[name]++ == 0;
+  }
+  if (first)
+    TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu; it runs on the CPU "
+               "(inputs copied to the host and results back). Counted in "
+               "torch_pjrt.metrics()['cpu_fallbacks'].");
+  at::native::cpu_fallback(op, stack);
+}
+
 }  // namespace
+
+std::map<std::string, int64_t> cpu_fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  return g_fallback_counts;
+}
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -606,20 +908,30 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   // In-place variants ("add_") reuse the functional lowering; the executor writes back.
   std::string base = name;
   if (base.size() > 1 && base.back() == '_' && base.compare(0, 2, "__") != 0) base.pop_back();
-  const lowering::LoweringInfo* info = lowering::find_lowering(base, overload);
+  OpInstance inst;
+  std::string lookup_overload = overload;
+  if (base.rfind("_foreach_", 0) == 0) {
+    inst.foreach = true;
+    base = base.substr(9);
+    // _foreach_add.List -> add.Tensor; .Scalar/.ScalarList -> add.Scalar.
+    if (overload == "List") lookup_overload = "Tensor";
+    else if (overload == "ScalarList") lookup_overload = "Scalar";
+  }
+  const lowering::LoweringInfo* info = lowering::find_lowering(base, lookup_overload);
   if (!info) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_pjrt: ", op_display_name(schema),
-                                " has no lowering for device tpu (plugin '", rt().info().name,
-                                "'); see torch_pjrt.supported_ops()");
+    run_on_cpu(op, stack);
+    return;
   }
 
-  OpInstance inst;
   describe(inst, schema, args);
   c10::OptionalDeviceGuard guard;
   if (inst.device >= 0)
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));
 
-  std::shared_ptr<Plan> plan = cache_find(inst.key);
+  std::string display = op_display_name(schema);
+  FloatMode mode = float_mode(display);
+  const std::string& key = mode == FloatMode::Dynamic ? inst.key_dynamic : inst.key_static;
+  std::shared_ptr<Plan> plan = cache_find(key);
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     for (const Resize& r : plan->resizes) {
@@ -628,8 +940,22 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     }
   } else {
     runtime::metrics().executable_cache_misses++;
-    plan = build_plan(op, args, inst, *info, base, overload);
-    cache_put(inst.key, plan);
+    std::vector<Resize> resizes;
+    torch::jit::Stack meta = run_meta(op, args, inst, &resizes);
+    bool dynamic = mode != FloatMode::Static;
+    plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
+    if (dynamic && plan->read_scalar_value) {
+      // The lowering needs float values at build time: key them by value.
+      dynamic = false;
+      set_float_mode(display, FloatMode::Static);
+      plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
+    } else if (mode == FloatMode::Unknown) {
+      set_float_mode(display, FloatMode::Dynamic);
+    }
+    plan->resizes = std::move(resizes);
+    if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
+    plan->text.clear();
+    cache_put(dynamic ? inst.key_dynamic : inst.key_static, plan);
   }
   run_plan(*plan, schema, inst, args, stack, nargs);
 }

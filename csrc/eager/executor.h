@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "lowering/builder.h"
@@ -17,6 +18,9 @@
 namespace torch_pjrt::eager {
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// How often each op without a lowering ran on the CPU, by op name.
+std::map<std::string, int64_t> cpu_fallback_counts();
 
 // The tensor's elements, dense and row-major, in its own dtype (runs a small
 // program when the tensor is a strided view).

@@ -69,7 +69,10 @@ const Value& LoweringContext::tensor(const std::string& name) const {
 Scalar LoweringContext::scalar(const std::string& name, Scalar dflt) const {
   const Arg* a = find(name);
   if (!a || a->kind == Arg::None) return dflt;
-  if (a->kind == Arg::Int || a->kind == Arg::Float || a->kind == Arg::Bool) return a->scalar;
+  if (a->kind == Arg::Int || a->kind == Arg::Float || a->kind == Arg::Bool) {
+    if (a->dynamic) scalar_value_read = true;
+    return a->scalar;
+  }
   fail("argument '" + name + "' is not a scalar");
 }
 
@@ -100,7 +103,19 @@ std::string LoweringContext::str(const std::string& name, const std::string& dfl
 Value LoweringContext::operand(const std::string& name, DType dtype) {
   const Arg& a = arg(name);
   if (a.kind == Arg::Tensor) return b.convert(a.tensor, dtype);
+  if (a.dynamic) return b.convert(*a.dynamic, dtype);
   return b.constant(scalar(name), dtype);
+}
+
+void LoweringContext::check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message) {
+  if (!checks_enabled) return;
+  Value i = b.convert(idx, DType::I64);
+  Value in_range = b.binary("and", b.compare(Cmp::GE, i, b.splat(Scalar::from_int(lo), i.type)),
+                            b.compare(Cmp::LT, i, b.splat(Scalar::from_int(hi), i.type)));
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < i.rank(); ++d) all.push_back(d);
+  Value ok = b.reduce(in_range, b.constant(Scalar::from_bool(true), DType::Bool), all, "stablehlo.and");
+  checks.push_back(Check{ok, message});
 }
 
 PromotionOperand LoweringContext::promotion(const std::string& name) const {

@@ -32,6 +32,9 @@ struct Arg {
   std::vector<double> floats;            // FloatList
   std::string str;                       // String
   DType dtype = DType::F32;              // ScalarType
+  // Int/Float: the value as a runtime program input (a 0-d f64), when the
+  // executor passes it that way; `scalar` still holds this call's value.
+  std::optional<Value> dynamic;
 };
 
 struct LoweringContext {
@@ -43,6 +46,26 @@ struct LoweringContext {
   std::vector<TensorType> outputs;
   // A u64[2] random state input, present when the op asked for one.
   std::optional<Value> rng_state;
+  // New values for mutable arguments (Tensor(a!)) that the op writes but does
+  // not return, e.g. native_batch_norm's running_mean; the executor writes them.
+  std::vector<std::pair<std::string, Value>> mutations;
+  // Set when a lowering read the value of a runtime scalar at build time
+  // (scalar(), to_double()...): the program then holds for that value only.
+  mutable bool scalar_value_read = false;
+
+  void mutate(const std::string& name, const Value& v) { mutations.emplace_back(name, v); }
+
+  // Value checks that need the data (e.g. index ranges). Computed only when
+  // `checks_enabled` (TORCH_PJRT_EAGER=debug): the executor then reads each
+  // `ok` after the op and raises IndexError with the message when it is false.
+  struct Check {
+    Value ok;  // 0-d bool
+    std::string message;
+  };
+  std::vector<Check> checks;
+  bool checks_enabled = false;
+  // Adds a check that every element of `idx` lies in [lo, hi).
+  void check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message);
 
   const Arg* find(const std::string& name) const;
   const Arg& arg(const std::string& name) const;  // throws if absent

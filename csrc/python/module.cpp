@@ -6,6 +6,7 @@
 
 #include "device/current_device.h"
 #include "device/generator.h"
+#include "device/lowering_routes.h"
 #include "device/storage.h"
 #include "eager/executor.h"
 #include "lowering/registry.h"
@@ -17,7 +18,9 @@ using namespace torch_pjrt;
 PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
     runtime::Runtime::initialize(path, name, cpu_devices);
+    device::route_composite_ops_to_lowerings();
   });
+  m.def("routed_composite_ops", &device::route_composite_ops_to_lowerings);
   m.def("initialized", &runtime::Runtime::initialized);
   m.def("discover_plugins", &runtime::discover_plugins);
   m.def("resolve_plugin", &runtime::resolve_plugin);
@@ -61,6 +64,9 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
     d["host_waits"] = mt.host_waits.load();
     d["executable_cache_size"] = eager::executable_cache_size();
+    py::dict fallbacks;
+    for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
+    d["cpu_fallbacks"] = fallbacks;
     return d;
   });
   // Compiles MLIR text with the plugin and returns the number of outputs

@@ -11,8 +11,12 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape);
   Value o = operand_as(ctx, "other", dt, shape);
-  Scalar alpha = ctx.scalar("alpha", Scalar::from_int(1));
-  if (alpha.to_double() != 1.0) o = b.binary("multiply", o, b.splat(alpha, o.type));
+  // A runtime alpha (optimizers' -lr) always multiplies; a constant 1 is skipped.
+  const Arg* alpha = ctx.find("alpha");
+  if (alpha && alpha->dynamic)
+    o = b.binary("multiply", o, b.broadcast_to(ctx.operand("alpha", o.dtype()), shape));
+  else if (alpha && alpha->kind != Arg::None && alpha->scalar.to_double() != 1.0)
+    o = b.binary("multiply", o, b.splat(alpha->scalar, o.type));
   if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
     return {b.binary("or", a, o)};
   return {b.binary(hlo, a, o)};

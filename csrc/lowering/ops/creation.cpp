@@ -69,6 +69,9 @@ std::vector<Value> linspace(LoweringContext& ctx) {
   // start/end are first converted to the output type, as Scalar::to<scalar_t>()
   // does: integer scalars wrap into integer outputs, out-of-range values raise.
   auto endpoint = [&](const char* name) {
+    // Endpoints are build-time constants: XLA folds them exactly, as PyTorch's
+    // host arithmetic does (runtime f64 math may differ in the last bit).
+    if (ctx.arg(name).kind != Arg::Tensor) (void)ctx.scalar(name);
     const Arg& a = ctx.arg(name);
     bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||
                       (a.kind == Arg::Tensor && !is_float(a.tensor.dtype()));

@@ -1,6 +1,6 @@
-// Indexing along one dimension: index_select and gather. Indices are not
-// range-checked (that needs their values, which stay on the device): XLA's
-// gather clamps out-of-range ones where PyTorch raises.
+// Indexing along one dimension: index_select and gather. Index ranges are
+// checked only in debug mode (TORCH_PJRT_EAGER=debug): the check needs the
+// values, which stay on the device; otherwise XLA's gather clamps them.
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -33,6 +33,7 @@ std::vector<Value> index_select(LoweringContext& ctx) {
   if (x.rank() == 0) return {x};
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
   Value idx = b.reshape(index, {index.type.numel()});  // a 0-d index selects one entry
+  ctx.check_indices(idx, 0, x.shape()[dim], "index_select(): index out of range in self");
   return {gather_along(b, x, b.broadcast_in_dim(idx, out.shape, {dim}), dim)};
 }
 
@@ -43,7 +44,11 @@ std::vector<Value> gather(LoweringContext& ctx) {
   if (out.numel() == 0) return {b.zeros(out)};
   if (x.rank() == 0) return {x};
   Value idx = b.reshape(ctx.tensor("index"), out.shape);
-  return {gather_along(b, x, idx, wrap_dim(ctx.to_int("dim", 0), x.rank()))};
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+  ctx.check_indices(idx, 0, x.shape()[dim], "gather(): index out of bounds for dimension " +
+                                                std::to_string(dim) + " with size " +
+                                                std::to_string(x.shape()[dim]));
+  return {gather_along(b, x, idx, dim)};
 }
 
 }  // namespace

@@ -1,0 +1,55 @@
+// Routes ops that PyTorch implements as CompositeExplicitAutograd (a generic
+// kernel made of other ops) to the lowering registry when a lowering exists,
+// so that one registered lowering is all a new op needs. Ops with a
+// CompositeImplicitAutograd kernel are left alone: a backend kernel would
+// take their autograd formula away.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "device/lowering_routes.h"
+#include "eager/executor.h"
+#include "lowering/registry.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+// The element op of _foreach_X / _foreach_X_ and the base of X_ / X.out.
+std::string base_name(std::string name) {
+  if (name.rfind("_foreach_", 0) == 0) name = name.substr(9);
+  if (name.size() > 1 && name.back() == '_' && name.compare(0, 2, "__") != 0) name.pop_back();
+  return name;
+}
+
+}  // namespace
+
+std::vector<std::string> route_composite_ops_to_lowerings() {
+  static std::vector<std::string> routed;
+  static bool done = false;
+  if (done) return routed;
+  done = true;
+  std::set<std::string> lowered;
+  for (const auto& n : lowering::registered_lowerings()) lowered.insert(n.substr(0, n.find('.')));
+  static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                            __FILE__, __LINE__);
+  for (const c10::OperatorName& op_name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (op_name.name.rfind("aten::", 0) != 0) continue;
+    std::string name = op_name.name.substr(6);
+    if (!lowered.count(base_name(name))) continue;
+    auto handle = c10::Dispatcher::singleton().findOp(op_name);
+    if (!handle) continue;
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+      continue;
+    std::string full = name + (op_name.overload_name.empty() ? "" : "." + op_name.overload_name);
+    library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
+    routed.push_back(full);
+  }
+  return routed;
+}
+
+}  // namespace torch_pjrt::device

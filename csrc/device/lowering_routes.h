@@ -1,0 +1,13 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace torch_pjrt::device {
+
+// Registers the lowering executor as the PrivateUse1 kernel of every
+// CompositeExplicitAutograd op (and its in-place, out= and _foreach_ forms)
+// that has a lowering. Idempotent; returns the op names it routed.
+std::vector<std::string> route_composite_ops_to_lowerings();
+
+}  // namespace torch_pjrt::device

@@ -1,0 +1,110 @@
+"""TORCH_PJRT_EAGER=async (default) and debug; runtime scalars; _foreach_ ops."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import assert_same, make, tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code, **env):
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+
+
+WAITS = (
+    "import torch, torch_pjrt\n"
+    "x = torch.ones(64, device='tpu')\n"
+    "torch.tpu.synchronize()\n"
+    "w0 = torch_pjrt.metrics()['host_waits']\n"
+    "for _ in range(5):\n"
+    "    x = x * 2 + 1\n"
+    "print('waits', torch_pjrt.metrics()['host_waits'] - w0)\n")
+
+
+def test_async_mode_does_not_wait_per_op():
+    r = run_python(WAITS, TORCH_PJRT_EAGER="async")
+    assert r.returncode == 0, r.stderr
+    assert "waits 0" in r.stdout
+
+
+def test_debug_mode_waits_after_every_op():
+    r = run_python(WAITS, TORCH_PJRT_EAGER="debug")
+    assert r.returncode == 0, r.stderr
+    assert "waits 10" in r.stdout  # 5 x (mul, add)
+
+
+OOB = (
+    "import torch, torch_pjrt\n"
+    "x = torch.arange(5.0, device='tpu')\n"
+    "i = torch.tensor([0, 7], device='tpu')\n"
+    "def step():\n"
+    "    return torch.index_select(x, 0, i)  # the faulty line\n"
+    "try:\n"
+    "    y = step()\n"
+    "    print('no error', y.cpu().tolist())\n"
+    "except IndexError as e:\n"
+    "    import traceback\n"
+    "    print('IndexError', e)\n"
+    "    frame = traceback.extract_tb(e.__traceback__)[-1]\n"
+    "    print('at', frame.name, frame.lineno)\n")
+
+
+def test_debug_mode_reports_out_of_range_index_at_the_op():
+    r = run_python(OOB, TORCH_PJRT_EAGER="debug")
+    assert r.returncode == 0, r.stderr
+    assert "IndexError" in r.stdout and "index_select" in r.stdout and "out of range" in r.stdout
+    assert "at step 5" in r.stdout  # the Python line of the faulty op
+
+
+def test_async_mode_skips_value_checks():
+    # Documented difference: without debug mode the index is clamped, as XLA does.
+    r = run_python(OOB, TORCH_PJRT_EAGER="async")
+    assert r.returncode == 0, r.stderr
+    assert "no error" in r.stdout
+
+
+def test_bad_eager_mode_is_rejected():
+    r = run_python("import torch, torch_pjrt\nprint((torch.ones(2, device='tpu') + 1).cpu())\n",
+                   TORCH_PJRT_EAGER="lazy")
+    assert r.returncode != 0 and "TORCH_PJRT_EAGER must be 'async' or 'debug'" in r.stderr
+
+
+def test_changing_float_scalars_do_not_recompile(metrics_delta):
+    x, y = tpu(make((8,))), tpu(make((8,), seed=1))
+    x.add(y, alpha=0.5) * 0.25  # compile once
+    before = metrics_delta()["xla_compiles"]
+    for lr in (0.1, 0.01, 0.003, 1e-4):
+        r = x.add(y, alpha=-lr) * lr
+        assert_same(r, (x.cpu().add(y.cpu(), alpha=-lr)) * lr)
+    assert metrics_delta()["xla_compiles"] == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_ops_match_cpu(dtype, metrics_delta):
+    cpu_p = [make((3, 4), dtype=dtype), make((5,), dtype=dtype), make((2, 2, 2), dtype=dtype)]
+    cpu_g = [make(p.shape, dtype=dtype, seed=i + 1) for i, p in enumerate(cpu_p)]
+    tp, tg = tpu(cpu_p), tpu(cpu_g)
+    for params, grads in ((cpu_p, cpu_g), (tp, tg)):
+        torch._foreach_mul_(params, 0.9)
+        torch._foreach_add_(params, grads, alpha=-0.1)
+        torch._foreach_add_(params, [0.1, 0.2, 0.3])
+    assert_same(list(tp), cpu_p)
+    assert_same(torch._foreach_norm(tp), torch._foreach_norm(cpu_p))
+    assert_same(torch._foreach_sqrt(torch._foreach_abs(tp)), torch._foreach_sqrt(torch._foreach_abs(cpu_p)))
+    assert_same(torch._foreach_maximum(tp, tg), torch._foreach_maximum(cpu_p, cpu_g))
+    assert metrics_delta()["cpu_fallbacks"] == {}
+
+
+def test_foreach_is_one_program_per_call(metrics_delta):
+    ps = [tpu(make((4,))) for _ in range(6)]
+    gs = [tpu(make((4,))) for _ in range(6)]
+    torch._foreach_add_(ps, gs, alpha=0.5)
+    before = metrics_delta()["executions"]
+    torch._foreach_add_(ps, gs, alpha=0.25)
+    assert metrics_delta()["executions"] - before == 1

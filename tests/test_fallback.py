@@ -1,0 +1,95 @@
+"""CPU fallback: ops without a lowering run on the CPU, warn once, are counted,
+and TORCH_PJRT_FALLBACK=error turns them into NotImplementedError."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conftest import assert_same, make, tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Ops chosen because no lowering is planned for them (special functions).
+FALLBACK_OP = "aten::special_zeta.out"
+
+
+def test_functional_op_runs_on_cpu_and_is_counted(metrics_delta):
+    x, y = make((4, 5), low=1.5, high=3.0), make((4, 5), low=1.5, high=3.0)
+    out = torch.special.zeta(tpu(x), tpu(y))
+    assert out.device.type == "tpu"
+    assert_same(out, torch.special.zeta(x, y))
+    assert metrics_delta()["cpu_fallbacks"] == {FALLBACK_OP: 1}
+
+
+def test_warns_once_per_op():
+    x = tpu(make((3,), low=1.5, high=3.0))
+    with warnings.catch_warnings(record=True) as first:
+        warnings.simplefilter("always")
+        torch.special.zeta(x, x + 1)  # may be the first use in this process
+        torch.special.zeta(x, x + 2)
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        torch.special.zeta(x, x + 3)
+    assert len([w for w in first if "special_zeta" in str(w.message)]) <= 1
+    assert not [w for w in later if "special_zeta" in str(w.message)]
+
+
+def test_inplace_and_out_variants_write_to_tpu(metrics_delta):
+    x = make((6,), low=0.5, high=4.0)
+    t = tpu(x)
+    view = t[1:5]
+    view.digamma_()  # in place on a view: the base storage must change
+    expected = x.clone()
+    expected[1:5].digamma_()
+    assert_same(t, expected)
+    out = tpu(torch.empty(0))
+    r = torch.digamma(tpu(x), out=out)
+    assert r is out and out.device.type == "tpu"
+    assert_same(out, torch.digamma(x))
+    assert sum(metrics_delta()["cpu_fallbacks"].values()) == 2
+
+
+def test_fallback_keeps_autograd():
+    x = make((5,), low=0.5, high=4.0)
+    xc = x.clone().requires_grad_()
+    xt = tpu(x).requires_grad_()
+    torch.digamma(xt).sum().backward()  # backward (polygamma) falls back too
+    torch.digamma(xc).sum().backward()
+    assert_same(xt.grad, xc.grad)
+
+
+def test_supported_ops_lists_lowerings_not_fallbacks():
+    import torch_pjrt
+    ops = set(torch_pjrt.supported_ops())
+    assert {"add", "mm", "sum"} <= ops
+    assert "special_zeta" not in ops and "digamma" not in ops
+
+
+def run_python(code, **env):
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_fallback_error_mode_raises_not_implemented():
+    r = run_python(
+        "import torch, torch_pjrt\n"
+        "x = torch.ones(3, device='tpu')\n"
+        "print((x + 1).cpu().tolist())\n"  # lowered ops still work
+        "try:\n"
+        "    torch.special.zeta(x, x)\n"
+        "except NotImplementedError as e:\n"
+        "    print('NIE', e)\n",
+        TORCH_PJRT_FALLBACK="error")
+    assert r.returncode == 0, r.stderr
+    assert "[2.0, 2.0, 2.0]" in r.stdout
+    assert "NIE" in r.stdout and "aten::special_zeta" in r.stdout and "TORCH_PJRT_FALLBACK=error" in r.stdout
+
+
+def test_bad_fallback_mode_is_rejected():
+    r = run_python("import torch, torch_pjrt\nx = torch.ones(3, device='tpu')\n"
+                   "torch.special.zeta(x, x)\n", TORCH_PJRT_FALLBACK="sometimes")
+    assert r.returncode != 0 and "TORCH_PJRT_FALLBACK must be 'cpu' or 'error'" in r.stderr
