@@ -197,6 +197,9 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
     } else if (v.isIntList()) {
       inst.put('l');
       inst.put(v.toIntVector());
+    } else if (v.isBoolList()) {
+      inst.put('B');
+      for (bool e : v.toBoolList()) inst.put(static_cast<char>(e));
     } else if (v.isDoubleList()) {
       inst.put('f');
       for (double d : v.toDoubleVector()) inst.put_both(&d, sizeof(d));
@@ -264,7 +267,7 @@ c10::IValue to_meta(const c10::IValue& v) {
 // ---- the compiled plan of one op instance --------------------------------------------------
 
 struct ReturnPlan {
-  enum Kind { Fresh, Aliased, HostScalar } kind = Fresh;
+  enum Kind { Fresh, Aliased, HostScalar, Undefined } kind = Fresh;
   int slot = -1;                 // Aliased: which slot's tensor is returned
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::kFloat;
@@ -572,6 +575,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     } else if (v.isIntList()) {
       a.kind = Arg::IntList;
       a.ints = v.toIntVector();
+    } else if (v.isBoolList()) {  // e.g. output_mask: 0/1 ints
+      a.kind = Arg::IntList;
+      for (bool e : v.toBoolList()) a.ints.push_back(e);
     } else if (v.isDoubleList()) {
       a.kind = Arg::FloatList;
       a.floats = v.toDoubleVector();
@@ -695,7 +701,11 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     // Result types: tensor returns, from the meta results.
     for (size_t r = 0; r < srets.size(); ++r) {
       const c10::IValue& mv = meta_stack[r];
-      if (mv.isTensor()) {
+      if (mv.isTensor() && !mv.toTensor().defined()) {
+        // A gradient nobody asked for (output_mask false): the lowering may
+        // compute anything here; it is dropped.
+        ctx.outputs.push_back(TensorType{DType::F32, {0}});
+      } else if (mv.isTensor()) {
         const at::Tensor& m = mv.toTensor();
         ctx.outputs.push_back(TensorType{device::to_dtype(m.scalar_type()), m.sizes().vec()});
       } else if (mv.isBool() || mv.isInt() || mv.isDouble()) {
@@ -716,7 +726,11 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       const c10::IValue& mv = meta_stack[r];
       int arg = aliased_arg(r);
       plan->return_arity.push_back(-1);
-      if (!mv.isTensor()) {
+      if (mv.isTensor() && !mv.toTensor().defined()) {
+        ReturnPlan rp;
+        rp.kind = ReturnPlan::Undefined;
+        plan->returns.push_back(rp);
+      } else if (!mv.isTensor()) {
         ReturnPlan rp;
         rp.kind = ReturnPlan::HostScalar;
         rp.type = srets[r].type();
@@ -817,6 +831,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
   torch::jit::drop(*stack, nargs);
   auto make_return = [&](const ReturnPlan& rp) -> c10::IValue {
     switch (rp.kind) {
+      case ReturnPlan::Undefined:
+        return at::Tensor();
       case ReturnPlan::Aliased:
         return inst.slots[rp.slot].tensor;
       case ReturnPlan::Fresh: {

@@ -83,11 +83,15 @@ std::vector<Value> isnan(LoweringContext& ctx) {
   return {ctx.b.compare(Cmp::NE, x, x)};
 }
 
-std::vector<Value> isinf(LoweringContext& ctx) {
-  Builder& b = ctx.b;
-  Value x = ctx.tensor("self");
-  if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
-  return {b.compare(Cmp::EQ, b.unary("abs", x), splat_like(b, INFINITY, x))};
+// isinf / isposinf / isneginf: x compared with +-inf (|x| for isinf).
+LowerFn infinity_test(int sign) {
+  return [sign](LoweringContext& ctx) -> std::vector<Value> {
+    Builder& b = ctx.b;
+    Value x = ctx.tensor("self");
+    if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
+    Value v = sign == 0 ? b.unary("abs", x) : x;
+    return {b.compare(Cmp::EQ, v, splat_like(b, sign < 0 ? -INFINITY : INFINITY, x))};
+  };
 }
 
 // pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
@@ -130,6 +134,8 @@ TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"
 TORCH_PJRT_LOWERING("round", round);
 TORCH_PJRT_LOWERING("trunc", trunc);
 TORCH_PJRT_LOWERING("isnan", isnan);
-TORCH_PJRT_LOWERING("isinf", isinf);
+TORCH_PJRT_LOWERING("isinf", infinity_test(0));
+TORCH_PJRT_LOWERING("isposinf", infinity_test(1));
+TORCH_PJRT_LOWERING("isneginf", infinity_test(-1));
 
 }  // namespace torch_pjrt::lowering::ops
