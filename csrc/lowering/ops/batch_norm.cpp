@@ -1,0 +1,156 @@
+// Batch normalization, forward and backward. nn.BatchNorm* reaches
+// native_batch_norm (batch_norm and _batch_norm_impl_index are
+// CompositeImplicitAutograd; the cudnn/miopen variants are not for us) and its
+// autograd formula calls native_batch_norm_backward. Statistics are computed in
+// float32 for half inputs and in the input's type otherwise; the formulas follow
+// PyTorch's CPU kernels (aten/src/ATen/native/Normalization.cpp).
+#include <string>
+#include <utility>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+DType acc_dtype(DType t) { return is_float(t) && itemsize(t) < 4 ? DType::F32 : t; }
+
+// Dims reduced per channel: all but dim 1.
+std::vector<int64_t> reduce_dims(int64_t rank) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
+// A per-channel [C] value broadcast along dim 1 of `shape`.
+Value per_channel(Builder& b, const Value& v, const Shape& shape) {
+  return b.broadcast_in_dim(v, shape, {1});
+}
+
+Value channel_sum(Builder& b, const Value& x) {
+  return b.reduce(x, b.constant(0.0, x.dtype()), reduce_dims(x.rank()), "stablehlo.add");
+}
+
+// A [C] optional parameter in `acc`, or `dflt` when absent.
+Value param_or(LoweringContext& ctx, const std::string& name, DType acc, int64_t c, double dflt) {
+  if (ctx.has(name)) return ctx.b.convert(ctx.tensor(name), acc);
+  return ctx.b.splat(Scalar::from_float(dflt), TensorType{acc, {c}});
+}
+
+// The per-sample count n = numel / C as a float constant.
+double per_channel_count(const Value& x) {
+  return x.shape()[1] == 0 ? 0.0 : double(x.type.numel() / x.shape()[1]);
+}
+
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training,
+// momentum, eps) -> (out, save_mean, save_invstd). Training updates the running
+// stats in place with the unbiased variance, as the CPU kernel does; eval returns
+// the running mean and its invstd as the saved statistics (the CUDA convention:
+// CPU returns empty tensors there, the Meta kernel gives [C]).
+std::vector<Value> native_batch_norm(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& input = ctx.tensor("input");
+  if (input.rank() < 2) ctx.fail("native_batch_norm: input must have at least 2 dims");
+  DType acc = acc_dtype(input.dtype());
+  const Shape& shape = input.shape();
+  int64_t c = shape[1];
+  Value x = b.convert(input, acc);
+  Value eps = b.broadcast_to(ctx.operand("eps", acc), {c});
+  Value one = b.splat(Scalar::from_float(1.0), TensorType{acc, {c}});
+  Value mean, invstd;
+  if (ctx.to_bool("training", false)) {
+    double n = per_channel_count(input);
+    Value nv = b.splat(Scalar::from_float(n), TensorType{acc, {c}});
+    mean = b.binary("divide", channel_sum(b, x), nv);
+    Value centered = b.binary("subtract", x, per_channel(b, mean, shape));
+    Value var_sum = channel_sum(b, b.binary("multiply", centered, centered));
+    invstd = b.unary("rsqrt", b.binary("add", b.binary("divide", var_sum, nv), eps));
+    Value momentum = b.broadcast_to(ctx.operand("momentum", acc), {c});
+    Value keep = b.binary("subtract", one, momentum);
+    auto blend = [&](const std::string& name, const Value& stat) {
+      const Value& old = ctx.tensor(name);
+      Value v = b.binary("add", b.binary("multiply", momentum, stat),
+                         b.binary("multiply", keep, b.convert(old, acc)));
+      ctx.mutate(name, b.convert(v, old.dtype()));
+    };
+    if (ctx.has("running_mean")) blend("running_mean", mean);
+    if (ctx.has("running_var")) {
+      Value nm1 = b.splat(Scalar::from_float(n - 1), TensorType{acc, {c}});
+      blend("running_var", b.binary("divide", var_sum, nm1));
+    }
+  } else {
+    // The Meta kernel has already rejected eval mode without running stats.
+    mean = b.convert(ctx.tensor("running_mean"), acc);
+    invstd = b.unary("rsqrt", b.binary("add", b.convert(ctx.tensor("running_var"), acc), eps));
+  }
+  // out = x * alpha + beta with alpha = invstd * w, beta = b - mean * alpha, as on CPU.
+  Value alpha = b.binary("multiply", invstd, param_or(ctx, "weight", acc, c, 1.0));
+  Value beta = b.binary("subtract", param_or(ctx, "bias", acc, c, 0.0), b.binary("multiply", mean, alpha));
+  Value out = b.binary("add", b.binary("multiply", x, per_channel(b, alpha, shape)), per_channel(b, beta, shape));
+  return {out, mean, invstd};
+}
+
+// Which of (grad_input, grad_weight, grad_bias) autograd asked for. The executor
+// may not pass bool lists as data; then all three are computed.
+std::vector<bool> output_mask(const LoweringContext& ctx) {
+  const Arg* a = ctx.find("output_mask");
+  if (a && a->kind == Arg::IntList && a->ints.size() == 3) return {a->ints[0] != 0, a->ints[1] != 0, a->ints[2] != 0};
+  return {true, true, true};
+}
+
+// The results PyTorch expects: one per requested gradient, or all three when the
+// executor reports three outputs.
+std::vector<Value> masked(const LoweringContext& ctx, std::vector<Value> all) {
+  if (ctx.outputs.size() == all.size()) return all;
+  std::vector<bool> mask = output_mask(ctx);
+  std::vector<Value> r;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (mask[i]) r.push_back(std::move(all[i]));
+  return r;
+}
+
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?,
+// save_mean?, save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias).
+std::vector<Value> native_batch_norm_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& input = ctx.tensor("input");
+  DType acc = acc_dtype(input.dtype());
+  const Shape& shape = input.shape();
+  int64_t c = shape[1];
+  Value x = b.convert(input, acc);
+  Value dy = b.convert(ctx.tensor("grad_out"), acc);
+  bool train = ctx.to_bool("train", false);
+  Value mean, invstd;
+  if (train) {
+    mean = b.convert(ctx.tensor("save_mean"), acc);
+    invstd = b.convert(ctx.tensor("save_invstd"), acc);
+  } else {
+    mean = b.convert(ctx.tensor("running_mean"), acc);
+    Value eps = b.broadcast_to(ctx.operand("eps", acc), {c});
+    invstd = b.unary("rsqrt", b.binary("add", b.convert(ctx.tensor("running_var"), acc), eps));
+  }
+  Value w = param_or(ctx, "weight", acc, c, 1.0);
+  Value sum = channel_sum(b, dy);
+  Value centered = b.binary("subtract", x, per_channel(b, mean, shape));
+  Value dotp = channel_sum(b, b.binary("multiply", centered, dy));
+  Value scale = per_channel(b, b.binary("multiply", invstd, w), shape);
+  Value grad_input;
+  if (train) {
+    Value nv = b.splat(Scalar::from_float(per_channel_count(input)), TensorType{acc, {c}});
+    // k = dotp * invstd^2 / n projects out the variance direction; grad_mean = sum / n.
+    Value k = b.binary("divide", b.binary("multiply", dotp, b.binary("multiply", invstd, invstd)), nv);
+    Value grad_mean = b.binary("divide", sum, nv);
+    Value g = b.binary("subtract", dy, b.binary("multiply", centered, per_channel(b, k, shape)));
+    g = b.binary("subtract", g, per_channel(b, grad_mean, shape));
+    grad_input = b.binary("multiply", g, scale);
+  } else {
+    grad_input = b.binary("multiply", dy, scale);
+  }
+  return masked(ctx, {grad_input, b.binary("multiply", dotp, invstd), sum});
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("native_batch_norm", native_batch_norm);
+TORCH_PJRT_LOWERING("native_batch_norm_backward", native_batch_norm_backward);
+
+}  // namespace torch_pjrt::lowering::ops
