@@ -1,102 +1,95 @@
-"""The main demo: an MLP and a transformer block run forward on `tpu` and on CPU.
+"""The main demo: a small GPT trains on `tpu`, eagerly, op by op.
 
-For each model it prints the largest difference from CPU, the first-call time
-(compiles included) and the warm time (median of repeated calls), each on its
-own line, then what the backend compiled.
+1. Forward check: the GPT's logits on tpu against PyTorch on CPU, same weights.
+2. Training: a few hundred AdamW steps on tpu with a progress bar (loss,
+   steps/s); the first step's loss is compared with the same step on CPU.
+3. Summary: first-step time (compiles included) and warm step time (median)
+   reported apart, programs compiled, CPU fallbacks (should be none).
+
+    python examples/demo.py [--steps N]
 """
-import math
+import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
-import torch.nn as nn
 
 import torch_pjrt
 
-
-class MLP(nn.Module):
-    def __init__(self, d_in=256, d_hidden=1024, d_out=256):
-        super().__init__()
-        self.fc1 = nn.Linear(d_in, d_hidden)
-        self.fc2 = nn.Linear(d_hidden, d_out)
-
-    def forward(self, x):
-        return self.fc2(nn.functional.gelu(self.fc1(x)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm block: causal self-attention and a GELU MLP, with residuals."""
-
-    def __init__(self, d_model=256, n_heads=8, d_ff=1024):
-        super().__init__()
-        self.n_heads = n_heads
-        self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = MLP(d_model, d_ff, d_model)
-
-    def attention(self, x):
-        b, t, d = x.shape
-        h = self.n_heads
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        weights = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(b, t, d)
-        return self.proj(out)
-
-    def forward(self, x):
-        x = x + self.attention(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+def progress(step, total, loss, rate, width=30):
+    done = int(width * (step + 1) / total)
+    bar = "#" * done + "." * (width - done)
+    end = "\n" if step + 1 == total or not sys.stdout.isatty() and (step + 1) % 50 else "\r"
+    if sys.stdout.isatty() or (step + 1) % 50 == 0 or step + 1 == total:
+        print(f"  [{bar}] step {step + 1:4d}/{total}  loss {loss:.4f}  {rate:6.1f} steps/s",
+              end=end if sys.stdout.isatty() else "\n", flush=True)
 
 
-def timed(fn, sync):
-    start = time.perf_counter()
-    out = fn()
-    sync(out)
-    return out, time.perf_counter() - start
-
-
-def run(name, model, x, warm_runs=20):
-    cpu_sync = lambda out: None  # noqa: E731
-    tpu_sync = lambda out: out.cpu()  # noqa: E731  (a host read waits for the result)
+def forward_check():
+    model, _, batch_fn, _ = models.build("gpt", seed=0)
+    x, _ = batch_fn(0)
     with torch.no_grad():
-        expected, _ = timed(lambda: model(x), cpu_sync)
-        cpu_times = [timed(lambda: model(x), cpu_sync)[1] for _ in range(warm_runs)]
-
-        model_tpu = model.to("tpu")
-        x_tpu = x.to("tpu")
-        compiles_before = torch_pjrt.metrics()["xla_compiles"]
-        actual, first = timed(lambda: model_tpu(x_tpu), tpu_sync)
-        compiles = torch_pjrt.metrics()["xla_compiles"] - compiles_before
-        tpu_times = [timed(lambda: model_tpu(x_tpu), tpu_sync)[1] for _ in range(warm_runs)]
-        model.to("cpu")
-
-    diff = (actual.cpu() - expected).abs().max().item()
-    print(f"{name}: max |tpu - cpu| = {diff:.3e}")
-    print(f"{name}: tpu first call (compiles included) = {first * 1e3:.1f} ms ({compiles} programs compiled)")
-    print(f"{name}: tpu warm call (median of {warm_runs}) = {statistics.median(tpu_times) * 1e3:.2f} ms")
-    print(f"{name}: cpu warm call (median of {warm_runs}) = {statistics.median(cpu_times) * 1e3:.2f} ms")
+        expected = model(x)
+        actual = model.to("tpu")(x.to("tpu")).cpu()
+    diff = (actual - expected).abs().max().item()
+    print(f"GPT forward: max |tpu - cpu| = {diff:.2e} over logits {tuple(expected.shape)}")
     return diff
 
 
+def train(steps):
+    times, losses = [], []
+    compiles0 = torch_pjrt.metrics()["xla_compiles"]
+    first_compiles = None
+
+    def on_step(step, loss):
+        nonlocal first_compiles
+        value = loss.item()  # a host read: the step has finished
+        times.append(time.perf_counter())
+        losses.append(value)
+        if step == 0:
+            first_compiles = torch_pjrt.metrics()["xla_compiles"] - compiles0
+        window = times[-20:]
+        rate = (len(window) - 1) / (window[-1] - window[0]) if len(window) > 1 else 0.0
+        progress(step, steps, value, rate)
+
+    start = time.perf_counter()
+    models.train("gpt", "tpu", steps, on_step=on_step)
+    step_times = [times[0] - start] + [b - a for a, b in zip(times, times[1:])]
+    return losses, step_times, first_compiles
+
+
 def main():
-    torch.manual_seed(0)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
     info = torch_pjrt.plugin_info()
     print(f"torch_pjrt on PJRT plugin '{info['name']}' (platform {info['platform']}, "
           f"C API {info['api_version'][0]}.{info['api_version'][1]}), "
           f"{torch.tpu.device_count()} device(s), torch {torch.__version__}")
-    diffs = [
-        run("MLP", MLP(), torch.randn(64, 256)),
-        run("TransformerBlock", TransformerBlock(), torch.randn(4, 64, 256)),
-    ]
+    cfg = models.GPTConfig()
+    print(f"GPT: vocab {cfg.vocab}, context {cfg.block}, width {cfg.n_embd}, {cfg.n_layer} layers, "
+          f"{cfg.n_head} heads, tied head; AdamW, grad clipping, batch 8")
+    diff = forward_check()
+
+    cpu_first = models.train("gpt", "cpu", 1)[0]
+    print(f"training {args.steps} steps on tpu:")
+    losses, step_times, first_compiles = train(args.steps)
+    warm = statistics.median(step_times[5:]) if len(step_times) > 6 else step_times[-1]
     m = torch_pjrt.metrics()
-    print(f"programs compiled: {m['xla_compiles']} ({m['compile_seconds']:.2f} s), "
-          f"executions: {m['executions']}, cache hits: {m['executable_cache_hits']}")
-    if max(diffs) > 1e-3:
-        raise SystemExit(f"results differ from CPU by {max(diffs):.3e}")
+    print(f"first-step loss: tpu {losses[0]:.6f}, cpu {cpu_first:.6f} (|diff| {abs(losses[0] - cpu_first):.1e})")
+    print(f"loss: {losses[0]:.4f} -> {statistics.mean(losses[-10:]):.4f} (mean of the last 10 steps)")
+    print(f"first step (compiles included): {step_times[0] * 1e3:.0f} ms, {first_compiles} programs compiled")
+    print(f"warm step (median of steps 6..{args.steps}): {warm * 1e3:.1f} ms ({1 / warm:.1f} steps/s)")
+    print(f"programs compiled in total: {m['xla_compiles']} ({m['compile_seconds']:.1f} s compiling), "
+          f"executions: {m['executions']}, CPU fallbacks: {m['cpu_fallbacks'] or 'none'}")
+    if diff > 1e-4 or abs(losses[0] - cpu_first) > 1e-4:
+        raise SystemExit("tpu results differ from CPU")
 
 
 if __name__ == "__main__":
