@@ -24,6 +24,8 @@ def render():
         "decomposes before they reach the backend (matmul, linear, einsum, softmax, views, ...)",
         "need no entry. Views, `copy_`, `empty*`, `resize_`, `.item()`, `nonzero` and",
         "`masked_select` have dedicated kernels in `csrc/device/aten_kernels.cpp`.",
+        "`_foreach_<op>` forms of every op below run as one program per call. Ops with no",
+        "lowering run on the CPU fallback (counted in `torch_pjrt.metrics()[\"cpu_fallbacks\"]`).",
         "",
         f"{len(rows)} lowerings.",
         "",
@@ -32,6 +34,16 @@ def render():
     ]
     for name, family, rng in rows:
         lines.append(f"| `{name}` | {family} | {'yes' if rng else ''} |")
+    routed = sorted(torch_pjrt._state.C.routed_composite_ops())
+    lines += [
+        "",
+        "## CompositeExplicitAutograd ops routed to a lowering",
+        "",
+        f"{len(routed)} op overloads that PyTorch would run as a generic composite kernel go to",
+        "the lowering of their base op instead (`csrc/device/lowering_routes.cpp`):",
+        "",
+        ", ".join(f"`{r}`" for r in routed),
+    ]
     return "\n".join(lines) + "\n"
 
 
