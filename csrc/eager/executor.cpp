@@ -369,6 +369,12 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   torch::jit::Stack meta_stack;
   for (const auto& v : args) meta_stack.push_back(to_meta(v));
   std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+  if (op.schema().returns().empty() && !op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+    // Nothing to infer (e.g. _fused_sgd_ has no Meta kernel): the lowering
+    // checks its own arguments.
+    return {};
+  }
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&meta_stack);
@@ -750,15 +756,15 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
         fresh_return(mv.toTensor(), results[r]);
       }
     }
-    for (const auto& [name, value] : ctx.mutations) {
+    for (const auto& m : ctx.mutations) {
       int arg = -1;
       for (size_t i = 0; i < sargs.size(); ++i)
-        if (sargs[i].name() == name) arg = static_cast<int>(i);
+        if (sargs[i].name() == m.name) arg = static_cast<int>(i);
       // (native_batch_norm's running stats are written without a (a!) annotation.)
-      TORCH_CHECK(arg >= 0, "torch_pjrt: lowering of ", op_display_name(schema), " mutates '", name,
+      TORCH_CHECK(arg >= 0, "torch_pjrt: lowering of ", op_display_name(schema), " mutates '", m.name,
                   "', which is not an argument");
-      int slot = slot_of_arg(arg);
-      if (slot >= 0) write_slot(slot, value);  // an absent optional argument is skipped
+      int slot = m.index < 0 ? slot_of_arg(arg) : forms[arg].elem_slots.at(m.index);
+      if (slot >= 0) write_slot(slot, m.value);  // an absent optional argument is skipped
     }
     for (const auto& c : ctx.checks) {
       plan->checks.emplace_back(static_cast<int>(program_outputs.size()), c.message);

@@ -48,12 +48,19 @@ struct LoweringContext {
   std::optional<Value> rng_state;
   // New values for mutable arguments (Tensor(a!)) that the op writes but does
   // not return, e.g. native_batch_norm's running_mean; the executor writes them.
-  std::vector<std::pair<std::string, Value>> mutations;
+  struct Mutation {
+    std::string name;
+    int index;  // element of a Tensor[] argument, or -1
+    Value value;
+  };
+  std::vector<Mutation> mutations;
   // Set when a lowering read the value of a runtime scalar at build time
   // (scalar(), to_double()...): the program then holds for that value only.
   mutable bool scalar_value_read = false;
 
-  void mutate(const std::string& name, const Value& v) { mutations.emplace_back(name, v); }
+  void mutate(const std::string& name, const Value& v, int index = -1) {
+    mutations.push_back(Mutation{name, index, v});
+  }
 
   // Value checks that need the data (e.g. index ranges). Computed only when
   // `checks_enabled` (TORCH_PJRT_EAGER=debug): the executor then reads each

@@ -1,0 +1,167 @@
+// Fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_): the whole
+// update of every parameter in one program, with the same arithmetic as
+// PyTorch's CPU fused kernels (opmath: float32 for half types; bias corrections
+// in float64). Hyper-parameters are runtime scalars, so a learning-rate
+// schedule compiles nothing new. Every list is written back with ctx.mutate.
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// A float argument as a 0-d value of `dt` (runtime input or constant), or a
+// 0-d/1-element tensor argument (the tensor_lr overloads).
+Value hyper(LoweringContext& ctx, const std::string& name, DType dt) {
+  const Arg& a = ctx.arg(name);
+  if (a.kind == Arg::Tensor) return ctx.b.reshape(ctx.b.convert(a.tensor, dt), {});
+  return ctx.b.reshape(ctx.operand(name, dt), {});
+}
+
+// Is the float argument possibly nonzero? Runtime values are assumed to be.
+bool maybe_nonzero(const LoweringContext& ctx, const std::string& name) {
+  const Arg& a = ctx.arg(name);
+  return a.dynamic || a.scalar.to_double() != 0.0;
+}
+
+Value full(Builder& b, const Value& scalar0d, const Value& like) {
+  return b.broadcast_to(b.convert(scalar0d, like.dtype()), like.shape());
+}
+
+const Value& element(const LoweringContext& ctx, const std::string& list, size_t i) {
+  const Arg& a = ctx.arg(list);
+  if (a.kind != Arg::TensorList || i >= a.tensors.size()) ctx.fail("'" + list + "' has too few tensors");
+  return a.tensors[i];
+}
+
+// grad / grad_scale (written back, as the CPU kernel does) and the found_inf
+// predicate that turns the whole step into a no-op.
+struct Scaling {
+  std::optional<Value> inv_scale, skip;
+};
+
+Scaling scaling(LoweringContext& ctx, DType opmath) {
+  Scaling s;
+  Builder& b = ctx.b;
+  if (ctx.has("grad_scale"))
+    s.inv_scale = b.binary("divide", b.constant(1.0, opmath),
+                           b.reshape(b.convert(ctx.tensor("grad_scale"), opmath), {}));
+  if (ctx.has("found_inf"))
+    s.skip = b.compare(Cmp::NE, b.reshape(b.convert(ctx.tensor("found_inf"), DType::F32), {}),
+                       b.constant(0.0, DType::F32));
+  return s;
+}
+
+// Writes `fresh` into list element i (or keeps `old` when found_inf is set).
+void update(LoweringContext& ctx, const Scaling& s, const std::string& list, size_t i, const Value& old,
+            Value fresh) {
+  Builder& b = ctx.b;
+  fresh = b.convert(fresh, old.dtype());
+  if (s.skip) fresh = b.select(b.broadcast_to(*s.skip, old.shape()), old, fresh);
+  ctx.mutate(list, fresh, static_cast<int>(i));
+}
+
+Value grad_of(LoweringContext& ctx, const Scaling& s, size_t i, DType opmath) {
+  Builder& b = ctx.b;
+  const Value& g0 = element(ctx, "grads", i);
+  Value g = b.convert(g0, opmath);
+  if (s.inv_scale) {
+    g = b.binary("multiply", g, full(b, *s.inv_scale, g));
+    update(ctx, s, "grads", i, g0, g);
+  }
+  if (ctx.to_bool("maximize", false)) g = b.unary("negate", g);
+  return g;
+}
+
+LowerFn adam(bool decoupled_weight_decay) {
+  return [decoupled_weight_decay](LoweringContext& ctx) -> std::vector<Value> {
+    Builder& b = ctx.b;
+    const Arg& params = ctx.arg("self");
+    bool amsgrad = ctx.to_bool("amsgrad", false);
+    bool weight_decay = maybe_nonzero(ctx, "weight_decay");
+    for (size_t i = 0; i < params.tensors.size(); ++i) {
+      const Value& p0 = params.tensors[i];
+      DType opmath = math_dtype(p0.dtype());
+      Scaling s = scaling(ctx, opmath);
+      Value p = b.convert(p0, opmath);
+      Value g = grad_of(ctx, s, i, opmath);
+      Value lr = hyper(ctx, "lr", opmath), beta1 = hyper(ctx, "beta1", opmath),
+            beta2 = hyper(ctx, "beta2", opmath), eps = hyper(ctx, "eps", opmath);
+      if (weight_decay) {
+        Value wd = full(b, hyper(ctx, "weight_decay", opmath), p);
+        if (decoupled_weight_decay)  // AdamW: param *= 1 - lr * wd
+          p = b.binary("subtract", p, b.binary("multiply", b.binary("multiply", full(b, lr, p), wd), p));
+        else
+          g = b.binary("add", g, b.binary("multiply", p, wd));
+      }
+      Value one = b.constant(1.0, opmath);
+      const Value& m0 = element(ctx, "exp_avgs", i);
+      const Value& v0 = element(ctx, "exp_avg_sqs", i);
+      // exp_avg = lerp(exp_avg, grad, 1 - beta1); exp_avg_sq = beta2 * v + (1 - beta2) * g^2
+      Value m = b.convert(m0, opmath);
+      m = b.binary("add", m, b.binary("multiply", full(b, b.binary("subtract", one, beta1), m),
+                                      b.binary("subtract", g, m)));
+      Value v = b.binary("add", b.binary("multiply", full(b, beta2, g), b.convert(v0, opmath)),
+                         b.binary("multiply", full(b, b.binary("subtract", one, beta2), g),
+                                  b.binary("multiply", g, g)));
+      // Bias corrections in float64 from the (already incremented) step.
+      Value step = b.reshape(b.convert(element(ctx, "state_steps", i), DType::F64), {});
+      Value one64 = b.constant(1.0, DType::F64);
+      Value bc1 = b.binary("subtract", one64, b.binary("power", hyper(ctx, "beta1", DType::F64), step));
+      Value bc2 = b.binary("subtract", one64, b.binary("power", hyper(ctx, "beta2", DType::F64), step));
+      Value step_size = b.convert(b.binary("divide", hyper(ctx, "lr", DType::F64), bc1), opmath);
+      Value bc2_sqrt = b.convert(b.unary("sqrt", bc2), opmath);
+      Value second = v;
+      if (amsgrad) {
+        const Value& vmax0 = element(ctx, "max_exp_avg_sqs", i);
+        second = b.binary("maximum", b.convert(vmax0, opmath), v);
+        update(ctx, s, "max_exp_avg_sqs", i, vmax0, second);
+      }
+      Value denom = b.binary("add", b.binary("divide", b.unary("sqrt", second), full(b, bc2_sqrt, v)),
+                             full(b, eps, v));
+      p = b.binary("subtract", p, b.binary("multiply", full(b, step_size, p), b.binary("divide", m, denom)));
+      update(ctx, s, "exp_avgs", i, m0, m);
+      update(ctx, s, "exp_avg_sqs", i, v0, v);
+      update(ctx, s, "self", i, p0, p);
+    }
+    return {};
+  };
+}
+
+std::vector<Value> sgd(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Arg& params = ctx.arg("self");
+  bool weight_decay = maybe_nonzero(ctx, "weight_decay");
+  const Arg& bufs = ctx.arg("momentum_buffer_list");
+  bool momentum = bufs.kind == Arg::TensorList && !bufs.tensors.empty();
+  bool nesterov = ctx.to_bool("nesterov", false), first = ctx.to_bool("is_first_step", false);
+  for (size_t i = 0; i < params.tensors.size(); ++i) {
+    const Value& p0 = params.tensors[i];
+    DType opmath = math_dtype(p0.dtype());
+    Scaling s = scaling(ctx, opmath);
+    Value p = b.convert(p0, opmath);
+    Value g = grad_of(ctx, s, i, opmath);
+    if (weight_decay) g = b.binary("add", g, b.binary("multiply", full(b, hyper(ctx, "weight_decay", opmath), p), p));
+    if (momentum) {
+      const Value& buf0 = bufs.tensors.at(i);
+      Value mu = full(b, hyper(ctx, "momentum", opmath), g);
+      Value buf = g;
+      if (!first) {
+        Value damp = b.binary("subtract", b.constant(1.0, opmath), hyper(ctx, "dampening", opmath));
+        buf = b.binary("add", b.binary("multiply", mu, b.convert(buf0, opmath)),
+                       b.binary("multiply", full(b, damp, g), g));
+      }
+      update(ctx, s, "momentum_buffer_list", i, buf0, buf);
+      g = nesterov ? b.binary("add", g, b.binary("multiply", mu, buf)) : buf;
+    }
+    p = b.binary("subtract", p, b.binary("multiply", full(b, hyper(ctx, "lr", opmath), p), g));
+    update(ctx, s, "self", i, p0, p);
+  }
+  return {};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("_fused_adam", adam(false));
+TORCH_PJRT_LOWERING("_fused_adamw", adam(true));
+TORCH_PJRT_LOWERING("_fused_sgd", sgd);
+
+}  // namespace torch_pjrt::lowering::ops
