@@ -1,0 +1,47 @@
+// Pointwise ops of three operands: addcmul, addcdiv, lerp. Half types are
+// computed in float32 and rounded once, as PyTorch's CPU kernels do; the
+// operation order follows those kernels so float32 results match closely.
+// (where, clamp with tensor bounds and masked_fill live in compare_logical.cpp.)
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// addcmul: self + value * tensor1 * tensor2; addcdiv: self + value * tensor1 / tensor2.
+std::vector<Value> addc(LoweringContext& ctx, const char* hlo) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype;
+  DType dt = math_dtype(out);
+  const Shape& shape = ctx.out().shape;
+  Value self = operand_as(ctx, "self", dt, shape);
+  Value t1 = operand_as(ctx, "tensor1", dt, shape), t2 = operand_as(ctx, "tensor2", dt, shape);
+  Value v = operand_as(ctx, "value", dt, shape);
+  if (dt == DType::Bool)  // addcmul on bool: or / and, as PyTorch's bool arithmetic
+    return {b.binary("or", self, b.binary("and", b.binary("and", v, t1), t2))};
+  Value r = b.binary("add", self, b.binary(hlo, b.binary("multiply", v, t1), t2));
+  return {b.convert(r, out)};
+}
+
+// lerp(self, end, weight) with PyTorch's two-sided formula, exact at weight 0 and 1:
+// |w| < 0.5 ? self + w * (end - self) : end - (end - self) * (1 - w).
+std::vector<Value> lerp(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype;
+  DType dt = math_dtype(out);
+  const Shape& shape = ctx.out().shape;
+  Value self = operand_as(ctx, "self", dt, shape), end = operand_as(ctx, "end", dt, shape);
+  Value w = operand_as(ctx, "weight", dt, shape);
+  Value diff = b.binary("subtract", end, self);
+  Value small = b.compare(Cmp::LT, b.unary("abs", w), splat_like(b, 0.5, w));
+  Value lo = b.binary("add", self, b.binary("multiply", w, diff));
+  Value hi = b.binary("subtract", end, b.binary("multiply", diff, b.binary("subtract", splat_like(b, 1, w), w)));
+  return {b.convert(b.select(small, lo, hi), out)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("addcmul", [](LoweringContext& c) { return addc(c, "multiply"); });
+TORCH_PJRT_LOWERING("addcdiv", [](LoweringContext& c) { return addc(c, "divide"); });
+TORCH_PJRT_LOWERING("lerp", lerp);
+
+}  // namespace torch_pjrt::lowering::ops

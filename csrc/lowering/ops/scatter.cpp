@@ -1,0 +1,272 @@
+// Scatters: element-wise along one dim (scatter, scatter_add, scatter_reduce;
+// also the backward of gather) and whole slices along one dim (index_add,
+// index_copy, index_fill, index_reduce; index_add is the backward of
+// index_select).
+//
+// Index ranges are checked only in debug mode (ctx.check_indices): otherwise
+// the values stay on the device, and XLA's scatter drops out-of-range updates
+// where PyTorch raises. Negative indices, which PyTorch rejects here (except
+// index_fill, which wraps them), are out of range too.
+#include <limits>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// The scatter region: `combine` ("stablehlo.add", ...) or, when empty, replace.
+std::string scatter_region(Builder& b, DType dt, const std::string& combine) {
+  if (!combine.empty()) return b.binary_region(dt, combine);
+  TensorType s{dt, {}};
+  std::string x = b.fresh(), u = b.fresh();
+  return "{\n    ^bb0(" + x + ": " + s.str() + ", " + u + ": " + s.str() +
+         "):\n      \"stablehlo.return\"(" + u + ") : (" + s.str() + ") -> ()\n    }";
+}
+
+// ---------------------------------------------------------------------------
+// Reductions shared by every scatter here.
+
+enum class Reduce { Replace, Sum, Prod, Mean, Max, Min };
+
+Reduce parse_reduce(const LoweringContext& ctx, const std::string& s) {
+  if (s == "sum" || s == "add") return Reduce::Sum;
+  if (s == "prod" || s == "multiply") return Reduce::Prod;
+  if (s == "mean") return Reduce::Mean;
+  if (s == "amax") return Reduce::Max;
+  if (s == "amin") return Reduce::Min;
+  ctx.fail("unknown reduce '" + s + "'");
+}
+
+std::string combine_op(Reduce r, DType dt) {
+  bool logical = dt == DType::Bool;
+  switch (r) {
+    case Reduce::Replace: return "";
+    case Reduce::Sum:
+    case Reduce::Mean: return logical ? "stablehlo.or" : "stablehlo.add";
+    case Reduce::Prod: return logical ? "stablehlo.and" : "stablehlo.multiply";
+    case Reduce::Max: return logical ? "stablehlo.or" : "stablehlo.maximum";
+    case Reduce::Min: return logical ? "stablehlo.and" : "stablehlo.minimum";
+  }
+  return "";
+}
+
+template <typename T>
+Scalar int_limit(bool max) {
+  return Scalar::from_int(max ? int64_t(std::numeric_limits<T>::max()) : int64_t(std::numeric_limits<T>::lowest()));
+}
+
+// The value a reduction starts from when self is left out (include_self=False).
+Scalar identity(Reduce r, DType dt) {
+  if (r == Reduce::Prod) return Scalar::from_int(1);
+  if (r != Reduce::Max && r != Reduce::Min) return Scalar::from_int(0);
+  bool max = r == Reduce::Min;  // amin starts from the largest value
+  if (is_float(dt))
+    return Scalar::from_float(max ? std::numeric_limits<double>::infinity()
+                                  : -std::numeric_limits<double>::infinity());
+  switch (dt) {
+    case DType::Bool: return Scalar::from_int(max ? 1 : 0);
+    case DType::U8: return int_limit<uint8_t>(max);
+    case DType::I8: return int_limit<int8_t>(max);
+    case DType::I16: return int_limit<int16_t>(max);
+    case DType::I32: return int_limit<int32_t>(max);
+    default: return int_limit<int64_t>(max);
+  }
+}
+
+// Scatters `updates` into `base` at the op's positions with a combiner.
+using ScatterFn = std::function<Value(const Value& base, const Value& updates, const std::string& combine)>;
+
+// PyTorch's scatter_reduce/index_reduce: with include_self=False the positions
+// that receive updates start from the reduction's identity; mean divides by the
+// number of contributions (self counting as one when included; untouched
+// positions keep self), flooring for integers.
+Value reduce_into(Builder& b, const Value& self, const Value& updates, Reduce r, bool include_self,
+                  const ScatterFn& scat) {
+  DType dt = self.dtype();
+  Value base = self;
+  if (!include_self && r != Reduce::Replace) base = scat(self, b.splat(identity(r, dt), updates.type), "");
+  Value res = scat(base, updates, combine_op(r, dt));
+  if (r != Reduce::Mean) return res;
+  Value one = b.splat(Scalar::from_int(1), self.type);
+  Value count = scat(include_self ? one : b.zeros(self.type), b.splat(Scalar::from_int(1), updates.type),
+                     combine_op(Reduce::Sum, dt));
+  count = b.select(b.compare(Cmp::EQ, count, b.zeros(self.type)), one, count);
+  return is_float(dt) ? b.binary("divide", res, count) : floor_divide(b, res, count);
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise along `dim`: self[p with p[dim] = index[p]] (op)= src[p] for
+// every position p of index (src may be larger than index: only its leading
+// part is used).
+
+struct ElementScatter {
+  Value self;         // at least rank 1, in the output dtype
+  Value coords;       // index.shape + [rank], i64
+  Shape update_shape; // index.shape
+  ScatterFn scat;
+};
+
+ElementScatter element_scatter(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  ElementScatter e;
+  const Value& self = ctx.tensor("self");
+  const Value& index = ctx.tensor("index");
+  // PyTorch's Meta kernels leave this check to the device kernels.
+  if (index.dtype() != DType::I64 && index.dtype() != DType::I32)
+    ctx.fail("Expected dtype int32/int64 for index");
+  e.self = b.convert(self.rank() == 0 ? b.reshape(self, {1}) : self, ctx.out().dtype);
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
+  Value idx = index.rank() == 0 || self.rank() == 0 ? b.reshape(index, {index.type.numel()}) : index;
+  e.update_shape = idx.shape();
+  int64_t size = e.self.shape()[dim];
+  ctx.check_indices(idx, 0, size, "index out of bounds for dimension " + std::to_string(dim) + " with size " +
+                                      std::to_string(size));
+  Shape coord_shape = idx.shape();
+  coord_shape.push_back(1);
+  TensorType it{DType::I64, idx.shape()};
+  std::vector<Value> coords;
+  for (int64_t d = 0; d < e.self.rank(); ++d) {
+    Value c = d == dim ? b.convert(idx, DType::I64) : b.iota(it, d);
+    coords.push_back(b.reshape(c, coord_shape));
+  }
+  e.coords = b.concatenate(coords, idx.rank());
+  Value coords_v = e.coords;
+  e.scat = [&b, coords_v](const Value& base, const Value& upd, const std::string& combine) {
+    return b.scatter_elements(base, coords_v, upd, combine);
+  };
+  return e;
+}
+
+// The leading index.shape part of src, in the output dtype.
+Value src_updates(LoweringContext& ctx, const ElementScatter& e) {
+  Builder& b = ctx.b;
+  Value src = b.convert(ctx.tensor("src"), e.self.dtype());
+  if (src.rank() == 0) src = b.reshape(src, {1});
+  if (src.rank() != static_cast<int64_t>(e.update_shape.size()))
+    ctx.fail("index and src should have the same number of dimensions");
+  return b.slice(src, Shape(src.rank(), 0), e.update_shape);
+}
+
+// scatter.src / .value / .reduce / .value_reduce (reduce = "add" | "multiply").
+std::vector<Value> scatter(LoweringContext& ctx) {
+  ElementScatter e = element_scatter(ctx);
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
+  Value upd = ctx.has("src") ? src_updates(ctx, e)
+                             : ctx.b.broadcast_to(ctx.operand("value", e.self.dtype()), e.update_shape);
+  Reduce r = ctx.has("reduce") ? parse_reduce(ctx, ctx.str("reduce")) : Reduce::Replace;
+  return {ctx.b.reshape(e.scat(e.self, upd, combine_op(r, e.self.dtype())), ctx.out().shape)};
+}
+
+std::vector<Value> scatter_add(LoweringContext& ctx) {
+  ElementScatter e = element_scatter(ctx);
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
+  Value r = e.scat(e.self, src_updates(ctx, e), combine_op(Reduce::Sum, e.self.dtype()));
+  return {ctx.b.reshape(r, ctx.out().shape)};
+}
+
+// scatter_reduce.two(self, dim, index, src, reduce, include_self).
+std::vector<Value> scatter_reduce(LoweringContext& ctx) {
+  ElementScatter e = element_scatter(ctx);
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
+  Value r = reduce_into(ctx.b, e.self, src_updates(ctx, e), parse_reduce(ctx, ctx.str("reduce")),
+                        ctx.to_bool("include_self", true), e.scat);
+  return {ctx.b.reshape(r, ctx.out().shape)};
+}
+
+// ---------------------------------------------------------------------------
+// Whole slices along `dim`: self[.., index[i], ..] (op)= source[.., i, ..].
+
+struct SliceScatter {
+  Value self;          // at least rank 1 (PyTorch allows a 0-d self with a 1-element index)
+  Shape update_shape;  // self's shape with `dim` of size index.numel()
+  ScatterFn scat;
+};
+
+SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative) {
+  Builder& b = ctx.b;
+  SliceScatter s;
+  const Value& self = ctx.tensor("self");
+  const Value& index = ctx.tensor("index");
+  // PyTorch's Meta kernels leave these checks to the device kernels.
+  if (index.rank() > 1) ctx.fail("index is supposed to be a vector");
+  if (!is_integral(index.dtype(), false)) ctx.fail("expected dtype int32 or int64 for index");
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
+  s.self = b.convert(self.rank() == 0 ? b.reshape(self, {1}) : self, ctx.out().dtype);
+  int64_t n = index.type.numel();
+  Value idx = b.convert(b.reshape(index, {n}), DType::I64);
+  int64_t size = s.self.shape()[dim];
+  ctx.check_indices(idx, wrap_negative ? -size : 0, size, "index out of range in self");
+  if (wrap_negative) {
+    Value sz = b.splat(Scalar::from_int(size), idx.type);
+    idx = b.select(b.compare(Cmp::LT, idx, b.zeros(idx.type)), b.binary("add", idx, sz), idx);
+  }
+  s.update_shape = s.self.shape();
+  s.update_shape[dim] = n;
+  std::vector<int64_t> window;
+  for (int64_t d = 0; d < s.self.rank(); ++d)
+    if (d != dim) window.push_back(d);
+  std::string dn = "scatter_dimension_numbers = #stablehlo.scatter<";
+  if (!window.empty()) dn += "update_window_dims = " + i64_list(window) + ", ";
+  dn += "inserted_window_dims = [" + std::to_string(dim) + "], scatter_dims_to_operand_dims = [" +
+        std::to_string(dim) + "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  Value indices = b.reshape(idx, {n, 1});
+  s.scat = [&b, indices, dn](const Value& base, const Value& upd, const std::string& combine) {
+    return b.op_multi("stablehlo.scatter", {base, indices, upd}, {base.type}, dn,
+                      scatter_region(b, base.dtype(), combine))[0];
+  };
+  return s;
+}
+
+Value source_updates(LoweringContext& ctx, const SliceScatter& s) {
+  return ctx.b.reshape(ctx.b.convert(ctx.tensor("source"), s.self.dtype()), s.update_shape);
+}
+
+bool nothing_to_do(const SliceScatter& s) { return s.self.type.numel() == 0 || numel(s.update_shape) == 0; }
+
+// index_add(self, dim, index, source, alpha).
+std::vector<Value> index_add(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  SliceScatter s = slice_scatter(ctx, false);
+  if (nothing_to_do(s)) return {b.reshape(s.self, ctx.out().shape)};
+  DType dt = s.self.dtype();
+  Value src = source_updates(ctx, s);
+  if (ctx.has("alpha"))  // always applied: alpha may be a runtime input
+    src = b.binary(dt == DType::Bool ? "and" : "multiply", src,
+                   b.broadcast_to(ctx.operand("alpha", dt), src.shape()));
+  return {b.reshape(s.scat(s.self, src, combine_op(Reduce::Sum, dt)), ctx.out().shape)};
+}
+
+std::vector<Value> index_copy(LoweringContext& ctx) {
+  SliceScatter s = slice_scatter(ctx, false);
+  if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
+  return {ctx.b.reshape(s.scat(s.self, source_updates(ctx, s), ""), ctx.out().shape)};
+}
+
+// index_fill(self, dim, index, value): value is a Scalar or a 0-d tensor.
+std::vector<Value> index_fill(LoweringContext& ctx) {
+  SliceScatter s = slice_scatter(ctx, true);
+  if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
+  Value v = ctx.b.broadcast_to(ctx.operand("value", s.self.dtype()), s.update_shape);
+  return {ctx.b.reshape(s.scat(s.self, v, ""), ctx.out().shape)};
+}
+
+// index_reduce(self, dim, index, source, reduce, include_self): prod, mean, amax, amin.
+std::vector<Value> index_reduce(LoweringContext& ctx) {
+  SliceScatter s = slice_scatter(ctx, false);
+  if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
+  Value r = reduce_into(ctx.b, s.self, source_updates(ctx, s), parse_reduce(ctx, ctx.str("reduce")),
+                        ctx.to_bool("include_self", true), s.scat);
+  return {ctx.b.reshape(r, ctx.out().shape)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("scatter", scatter);
+TORCH_PJRT_LOWERING("scatter_add", scatter_add);
+TORCH_PJRT_LOWERING("scatter_reduce", scatter_reduce);
+TORCH_PJRT_LOWERING("index_add", index_add);
+TORCH_PJRT_LOWERING("index_copy", index_copy);
+TORCH_PJRT_LOWERING("index_fill", index_fill);
+TORCH_PJRT_LOWERING("index_reduce", index_reduce);
+
+}  // namespace torch_pjrt::lowering::ops

@@ -1,0 +1,316 @@
+"""Advanced indexing, index_put, scatter/gather backward and the index_* family
+on tpu vs PyTorch on CPU, forward and backward.
+
+Out-of-range index values: PyTorch raises; on tpu they are checked only in
+debug mode (TORCH_PJRT_EAGER=debug, tested in a subprocess below), otherwise
+XLA clamps (gather) or drops (scatter) them."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import assert_same, make, tpu
+
+pytestmark = pytest.mark.filterwarnings("ignore:(index_reduce|The reduce argument).*:UserWarning")
+
+DTYPES = [torch.float32, torch.bfloat16]
+SHAPE = (4, 5, 6)
+
+
+def run(fn, inputs, device):
+    args = [x.detach().to(device).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+            for x in inputs]
+    y = fn(*args)
+    grads = []
+    if y.requires_grad:
+        g = make(y.shape, y.dtype, low=-1, high=1, seed=7).to(device)
+        y.backward(g)
+        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    return y.detach(), grads
+
+
+def check(fn, *inputs, rtol=None, atol=None):
+    """Output and the grads of every floating-point input on tpu match CPU."""
+    expected = run(fn, inputs, "cpu")
+    actual = run(fn, inputs, "tpu")
+    assert_same(actual[0], expected[0], rtol, atol)
+    assert_same(actual[1], expected[1], rtol, atol)
+
+
+def check_raises(fn, *inputs):
+    with pytest.raises(Exception) as cpu_err:
+        fn(*inputs)
+    with pytest.raises(cpu_err.type):
+        fn(*tpu(inputs))
+
+
+def idx(*values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype)
+
+
+def unique_index(shape, dim, size, seed=0):
+    """An index for scatter along `dim` without repeats along that dim (deterministic replace)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty(shape, dtype=torch.int64)
+    moved = out.movedim(dim, -1).reshape(-1, shape[dim])
+    for row in moved:
+        row.copy_(torch.randperm(size, generator=g)[: shape[dim]])
+    return moved.reshape(out.movedim(dim, -1).shape).movedim(-1, dim).contiguous()
+
+
+def dup_index(shape, size, seed=0):
+    return torch.randint(0, size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ---- index.Tensor ------------------------------------------------------------------
+
+i3 = idx(0, -1, 2, 2)            # negative entry and a duplicate (grad accumulates)
+j2 = idx([1], [3], [-2])         # broadcasts with i3 to (3, 4)
+INDEXINGS = {
+    "first": (lambda x, i, j: x[i], ),
+    "middle": (lambda x, i, j: x[:, i], ),
+    "last_int32": (lambda x, i, j: x[..., i.int()], ),
+    "two_adjacent": (lambda x, i, j: x[:, j, i], ),
+    "two_split": (lambda x, i, j: x[j, :, i], ),
+    "none_and_two": (lambda x, i, j: x[None, :, j, i], ),
+    "all_three": (lambda x, i, j: x[i, i, i], ),
+    "scalar_and_tensor": (lambda x, i, j: x[1, :, i], ),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(INDEXINGS))
+def test_index(name, dtype):
+    (fn,) = INDEXINGS[name]
+    check(fn, make(SHAPE, dtype), i3, j2)
+
+
+def test_index_int_dtype_and_noncontiguous():
+    fn = INDEXINGS["two_split"][0]
+    check(fn, make(SHAPE, torch.int32), i3, j2)
+    check(fn, make(SHAPE, torch.bool), i3, j2)
+    check(fn, make(SHAPE, noncontiguous=True), i3, j2)
+    check(lambda x, i: x[i], make((5,)), torch.tensor(3))  # 0-d index
+
+
+def test_unsafe_index_and_index_put():
+    # The no-check forms used by decompositions (e.g. upsampling) share the lowerings.
+    check(lambda x, i, j: torch.ops.aten._unsafe_index(x, [None, j, i]), make(SHAPE), i3, j2)
+    check(lambda x, i, v: torch.ops.aten._unsafe_index_put(x, [i], v, True), make(SHAPE), i3, make((6,), seed=1))
+
+
+def test_index_bad_index_dtype():
+    check_raises(lambda x, i: x[i], make(SHAPE), torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.xfail(raises=NotImplementedError, strict=True,
+                   reason="x[mask] needs nonzero() before the op; index.Tensor's Meta kernel cannot "
+                          "(needs a host-side mask->indices step in the device kernels)")
+def test_index_bool_mask_read():
+    check(lambda x: x[x > 0], make(SHAPE))
+
+
+# ---- index_put / setitem -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(dtype, accumulate):
+    x = make(SHAPE, dtype)
+    # Unique positions without accumulate (the winner among duplicates is unspecified).
+    i = idx(3, 0, -1) if not accumulate else idx(3, 0, 3, -1, 0)
+    n = len(i)
+    check(lambda x, i, v: x.index_put((i,), v, accumulate), x, i, make((n, 5, 6), dtype, seed=1))
+    check(lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, accumulate), x, i, make((n, 6), dtype, seed=2))
+    check(lambda x, i, v: torch.ops.aten.index_put(x, [i, None, i], v, accumulate), x, i, make((n, 5), dtype, seed=3))
+    check(lambda x, i, v: x.index_put((i, i), v, accumulate), x, i, make((1,), dtype, seed=4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_setitem(dtype):
+    def set_rows(x, i, v):
+        y = x.clone()
+        y[:, i] = v
+        return y
+    check(set_rows, make(SHAPE, dtype), idx(4, 0, -2), make((3, 6), dtype, seed=1))
+
+    def add_rows(x, i, v):
+        y = x * 1
+        y.index_put_((i,), v, accumulate=True)
+        return y
+    check(add_rows, make(SHAPE, dtype), idx(1, 1, 1, 3), make((6,), dtype, seed=1))  # duplicates
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_setitem_bool_mask(dtype):
+    """x[mask] = v: a lone mask is lowered without nonzero()."""
+    x = make(SHAPE, dtype)
+
+    def fill(x):
+        y = x.clone()
+        y[x > 0] = 2.0
+        return y
+    check(fill, x)
+    m = (x[:, :, 0] > 0).detach()
+    n = int(m.sum())
+
+    v = make((20, 6), dtype, seed=1)[:n]
+
+    def rows(x):
+        # Only x's grad: v's would be grad[mask], a read with a bool mask (see above).
+        y = x.clone()
+        y[m.to(x.device)] = v.to(x.device)
+        return y
+    check(rows, x)
+    m2 = x[0] > 0
+
+    v1, v2 = make((4, 1), dtype, seed=2), make((4, 30), dtype, seed=3)[:, : int(m2.sum())]
+
+    def middle(x):
+        y = x.clone()
+        y[:, m2.to(x.device)] = v1.to(x.device)
+        return y
+    check(middle, x)
+    check(lambda x: torch.ops.aten.index_put(x, [None, m2.to(x.device)], v2.to(x.device), True), x)
+
+
+# ---- scatter family ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scatter_src_and_value(dtype, dim):
+    x, src = make(SHAPE, dtype), make((3, 4, 5), dtype, seed=1)
+    index = unique_index((3, 4, 4), dim, SHAPE[dim])
+    # A src larger than index: forward only (PyTorch's own backward rejects that shape).
+    assert_same(tpu(x).scatter(dim, tpu(index), tpu(src)), x.scatter(dim, index, src))
+    check(lambda x, i, s: x.scatter(dim, i, s), x, index, src[:, :, :4].contiguous())
+    check(lambda x, i: x.scatter(dim, i, 2), x, index)
+    dups = dup_index((3, 4, 4), SHAPE[dim])
+    # reduce= has no derivative in PyTorch: forward only.
+    assert_same(tpu(x).scatter(dim, tpu(dups), tpu(src), reduce="add"), x.scatter(dim, dups, src, reduce="add"))
+    value = 1.5 if dtype.is_floating_point else 3
+    assert_same(tpu(x).scatter(dim, tpu(dups), value, reduce="multiply"),
+                x.scatter(dim, dups, value, reduce="multiply"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_scatter_add_and_gather_backward(dtype):
+    index = dup_index((4, 7, 6), 5)
+    check(lambda x, i, s: x.scatter_add(1, i, s), make(SHAPE, dtype), index, make((4, 7, 6), dtype, seed=1))
+    if dtype.is_floating_point:
+        check(lambda x, i: x.gather(1, i), make(SHAPE, dtype), index)  # backward: scatter_add
+
+
+@pytest.mark.parametrize("dtype,include_self", [(torch.float32, True), (torch.float32, False),
+                                                (torch.bfloat16, True), (torch.bfloat16, False),
+                                                (torch.int64, False)])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+def test_scatter_reduce(reduce, include_self, dtype):
+    x = make(SHAPE, dtype, low=1 if reduce == "prod" else -3, seed=0)
+    src = make((4, 8, 6), dtype, low=1 if reduce == "prod" else -3, seed=1)
+    index = dup_index((4, 8, 6), 5)
+    fn = lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self)  # noqa: E731
+    if reduce == "prod" and dtype == torch.bfloat16:
+        check(fn, x, index, src, rtol=5e-2, atol=5e-2)  # products of several bf16 roundings
+    else:
+        check(fn, x, index, src)
+
+
+def test_scatter_zero_dim_and_empty():
+    check(lambda x, i, s: x.scatter(0, i, s), torch.tensor(1.5), torch.tensor(0), torch.tensor(2.5))
+    check(lambda x, i, s: x.scatter_add(0, i, s), make((3,)), torch.zeros(0, dtype=torch.long), make((0,)))
+
+
+def test_scatter_bad_index_dtype():
+    check_raises(lambda x, i, s: x.scatter(0, i, s), make((3,)), torch.tensor([0.0]), make((1,)))
+    check_raises(lambda x, i, s: x.scatter_add(0, i, s), make((3,)), torch.tensor([0], dtype=torch.int16),
+                 make((1,)))
+    check(lambda x, i, s: x.scatter_add(0, i, s), make((3,)), torch.tensor([2, 2], dtype=torch.int32), make((2,)))
+
+
+# ---- index_add / index_copy / index_fill / index_reduce --------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_index_add_copy_fill(dtype, dim):
+    x = make(SHAPE, dtype)
+    n = SHAPE[dim]
+    dups = idx(0, n - 1, 0, 1)
+    shape = list(SHAPE)
+    shape[dim] = 4
+    src = make(shape, dtype, seed=1)
+    check(lambda x, i, s: x.index_add(dim, i, s), x, dups, src)
+    check(lambda x, i, s: x.index_add(dim, i, s, alpha=2), x, dups.int(), src)
+    check(lambda x, i, s: x.index_copy(dim, i, s), x, idx(2, 0, n - 1, 1), src)
+    check(lambda x, i: x.index_fill(dim, i, -1), x, idx(0, -1))  # index_fill wraps negatives
+    # (no grad for a tensor value: its backward needs _unique, a data-dependent shape)
+    v = torch.tensor(3, dtype=dtype)
+    check(lambda x, i: x.index_fill(dim, i, v.to(x.device)), x, idx(1, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_select_backward(dtype):
+    check(lambda x, i: x.index_select(1, i), make(SHAPE, dtype), idx(4, 0, 4, 4, 2))  # index_add
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(reduce, include_self):
+    x, src = make(SHAPE, low=1), make((4, 3, 6), low=1, seed=1)
+    check(lambda x, i, s: x.index_reduce(1, i, s, reduce, include_self=include_self), x, idx(0, 3, 0), src)
+
+
+def test_index_family_zero_dim_and_bad_input():
+    check(lambda x, i, s: x.index_add(0, i, s), torch.tensor(1.0), idx(0), torch.tensor(2.0))
+    check(lambda x, i: x.index_fill(0, i, 5.0), torch.tensor(1.0), torch.tensor(0))
+    check_raises(lambda x, i, s: x.index_add(0, i, s), make((3, 2)), torch.tensor([0.0]), make((1, 2)))
+    check_raises(lambda x, i, s: x.index_copy(0, i, s), make((3, 2)), idx(0, 1), make((3, 2)))
+
+
+# ---- masked_scatter ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_masked_scatter(dtype):
+    x = make(SHAPE, dtype)
+    mask = make(SHAPE, torch.bool, seed=3)
+    check(lambda x, m, s: x.masked_scatter(m, s), x, mask, make((130,), dtype, seed=1))
+    check(lambda x, m, s: x.masked_scatter(m, s), x, mask[0, :, :1], make((10, 13), dtype, seed=2))  # broadcast
+
+
+def test_masked_scatter_bad_mask_dtype():
+    check_raises(lambda x, m, s: x.masked_scatter(m, s), make((3,)), make((3,), torch.float32), make((3,)))
+
+
+# ---- out-of-range indices in debug mode ----------------------------------------------
+
+def test_debug_mode_checks_index_ranges():
+    script = textwrap.dedent("""
+        import torch, torch_pjrt
+        x = torch.zeros(4, 3, device="tpu")
+        t = lambda *v: torch.tensor(v, device="tpu")
+        cases = {
+            "index": lambda: x[t(0, 4)],
+            "index_put": lambda: x.index_put((t(-5),), torch.ones(3, device="tpu")),
+            "scatter_add": lambda: x.scatter_add(0, t([4, 0, 0]), torch.ones(1, 3, device="tpu")),
+            "index_add": lambda: x.index_add(0, t(-1), torch.ones(1, 3, device="tpu")),
+            "masked_scatter": lambda: x.masked_scatter(x == 0, torch.ones(5, device="tpu")),
+        }
+        for name, fn in cases.items():
+            try:
+                fn().cpu()
+                print(name, "no error")
+            except IndexError:
+                print(name, "IndexError")
+        ok = [x[t(-4, 3)], x.index_fill(0, t(-1), 1.0), x.scatter_add(0, t([3, 0, 0]), torch.ones(1, 3, device="tpu"))]
+        print("valid", [r.cpu().shape for r in ok])
+    """)
+    env = dict(os.environ, TORCH_PJRT_EAGER="debug")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ["index", "index_put", "scatter_add", "index_add", "masked_scatter"]:
+        assert f"{name} IndexError" in out.stdout, out.stdout
+    assert "valid" in out.stdout
