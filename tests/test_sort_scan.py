@@ -214,9 +214,8 @@ def test_median_nan_and_grad():
     check_raises(lambda t: t.kthvalue(6, 1), distinct((3, 5)))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "PyTorch's Meta kernels of sort.default and median.dim skip these checks; the lowering raises "
-    "std::out_of_range (as wrap_dim does), which the executor reports as RuntimeError, CPU as IndexError"))
+# PyTorch's Meta kernels of sort.default and median.dim skip these checks: the
+# lowering's std::out_of_range reaches Python as IndexError, as on CPU.
 def test_dim_errors_missed_by_meta_raise_index_error():
     check_raises(lambda t: t.sort(2), distinct((3, 5)))
     check_raises(lambda t: t.median(1), torch.empty(2, 0))

@@ -418,6 +418,16 @@ bool debug_mode() {
   return debug;
 }
 
+// Runs a lowering; a dimension or index out of range (std::out_of_range, as
+// wrap_dim throws) becomes PyTorch's IndexError, as on CPU.
+std::vector<Value> call_lowering(const lowering::LoweringInfo& info, lowering::LoweringContext& ctx) {
+  try {
+    return info.fn(ctx);
+  } catch (const std::out_of_range& e) {
+    TORCH_CHECK_INDEX(false, e.what());
+  }
+}
+
 // The program for one op instance (not compiled yet).
 std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                             OpInstance& inst, const lowering::LoweringInfo& info,
@@ -691,7 +701,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       } else {
         ctx.outputs.push_back(TensorType{device::to_dtype(metas[e].scalar_type()), metas[e].sizes().vec()});
       }
-      std::vector<Value> res = info.fn(ctx);
+      std::vector<Value> res = call_lowering(info, ctx);
       plan->read_scalar_value |= ctx.scalar_value_read;
       TORCH_CHECK(res.size() == 1, "torch_pjrt: ", op_display_name(schema), ": element lowering gave ",
                   res.size(), " results");
@@ -723,7 +733,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
                                     " returns a value of a kind the eager executor does not handle");
       }
     }
-    std::vector<Value> results = info.fn(ctx);
+    std::vector<Value> results = call_lowering(info, ctx);
     plan->read_scalar_value = ctx.scalar_value_read;
     TORCH_CHECK(results.size() == ctx.outputs.size(), "torch_pjrt: lowering of ", op_display_name(schema),
                 " produced ", results.size(), " results, expected ", ctx.outputs.size());
