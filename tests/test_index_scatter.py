@@ -106,11 +106,19 @@ def test_index_bad_index_dtype():
     check_raises(lambda x, i: x[i], make(SHAPE), torch.tensor([0.0, 1.0]))
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                   reason="x[mask] needs nonzero() before the op; index.Tensor's Meta kernel cannot "
-                          "(needs a host-side mask->indices step in the device kernels)")
 def test_index_bool_mask_read():
     check(lambda x: x[x > 0], make(SHAPE))
+    check(lambda x: x[:, (x[0] > 0)], make(SHAPE))
+    check(lambda x: x[x[:, :1, :1].squeeze(-1).squeeze(-1) > 0, 1:], make(SHAPE))
+
+
+def test_index_bool_mask_shape_mismatch_raises_index_error():
+    x = make(SHAPE)
+    mask = torch.ones(SHAPE[0] + 1, dtype=torch.bool)
+    with pytest.raises(IndexError):
+        x[mask]
+    with pytest.raises(IndexError, match="does not match the shape"):
+        tpu(x)[tpu(mask)]
 
 
 # ---- index_put / setitem -------------------------------------------------------------

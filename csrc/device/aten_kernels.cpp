@@ -151,6 +151,42 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 
 // Data-dependent output shapes: computed on the host, as TorchTPU also does.
 at::Tensor nonzero(const at::Tensor& self) { return at::nonzero(self.cpu()).to(self.device()); }
+
+// x[mask]: a bool/uint8 index becomes the long indices of its nonzeros (a
+// host step, like nonzero: the result's shape depends on the data); then the
+// op runs as an ordinary lowered gather.
+void index_with_masks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 2);
+  auto indices = args[1].to<c10::List<std::optional<at::Tensor>>>();
+  bool has_mask = false;
+  for (const std::optional<at::Tensor>& e : indices)
+    has_mask |= e.has_value() && e->defined() && (e->scalar_type() == at::kBool || e->scalar_type() == at::kByte);
+  if (!has_mask) {
+    eager::lowering_fallback(op, stack);
+    return;
+  }
+  at::Tensor self = args[0].toTensor();
+  c10::List<std::optional<at::Tensor>> expanded;
+  int64_t dim = 0;
+  for (const std::optional<at::Tensor>& e : indices) {
+    if (!e.has_value() || !e->defined() || (e->scalar_type() != at::kBool && e->scalar_type() != at::kByte)) {
+      expanded.push_back(e);
+      ++dim;
+      continue;
+    }
+    const at::Tensor& mask = *e;
+    for (int64_t k = 0; k < mask.dim(); ++k) {
+      TORCH_CHECK_INDEX(dim + k < self.dim() && mask.size(k) == self.size(dim + k), "The shape of the mask ",
+                        mask.sizes(), " at index ", k, " does not match the shape of the indexed tensor ",
+                        self.sizes(), " at index ", dim + k);
+    }
+    at::Tensor nz = at::nonzero(mask);  // our host kernel above
+    for (int64_t k = 0; k < mask.dim(); ++k) expanded.push_back(nz.select(1, k));
+    dim += mask.dim();
+  }
+  torch::jit::drop(*stack, 2);
+  stack->push_back(at::index(self, expanded));
+}
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -192,6 +228,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", _copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("nonzero", nonzero);
+  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&index_with_masks>());
   m.impl("masked_select", masked_select);
   m.impl("set_.source_Storage_storage_offset", set_source_storage);
   m.impl("set_.source_Tensor", set_source_tensor);
