@@ -159,6 +159,13 @@ void index_with_masks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 2);
   auto indices = args[1].to<c10::List<std::optional<at::Tensor>>>();
   bool has_mask = false;
+  for (const std::optional<at::Tensor>& e : indices) {
+    if (!e.has_value() || !e->defined()) continue;
+    auto st = e->scalar_type();
+    // (The Meta kernel raises RuntimeError here; CPU raises IndexError.)
+    TORCH_CHECK_INDEX(st == at::kLong || st == at::kInt || st == at::kByte || st == at::kBool,
+                      "tensors used as indices must be long, int, byte or bool tensors");
+  }
   for (const std::optional<at::Tensor>& e : indices)
     has_mask |= e.has_value() && e->defined() && (e->scalar_type() == at::kBool || e->scalar_type() == at::kByte);
   if (!has_mask) {
