@@ -307,7 +307,8 @@ struct Plan {
 };
 
 std::mutex g_cache_mutex;
-std::unordered_map<std::string, std::shared_ptr<Plan>> g_cache;
+// Leaked on purpose: executables must not be destroyed after the plugin at exit.
+auto& g_cache = *new std::unordered_map<std::string, std::shared_ptr<Plan>>();
 
 std::shared_ptr<Plan> cache_find(const std::string& key) {
   std::lock_guard<std::mutex> lock(g_cache_mutex);

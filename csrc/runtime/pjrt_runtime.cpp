@@ -13,9 +13,12 @@ namespace {
 // The oldest PJRT C API minor version whose struct layouts we rely on.
 constexpr int kMinApiMinor = 40;
 
+// Never destroyed: at process exit tensors, cached executables and PyTorch's
+// autograd device threads may still hold PJRT objects, and tearing the client
+// down under them aborts ("terminate called without an active exception").
 std::unique_ptr<Runtime>& instance() {
-  static std::unique_ptr<Runtime> rt;
-  return rt;
+  static auto* rt = new std::unique_ptr<Runtime>();
+  return *rt;
 }
 
 template <typename T>
