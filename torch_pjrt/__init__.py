@@ -4,7 +4,9 @@ Importing this package loads the PJRT plugin (env TORCH_PJRT_PLUGIN, or the
 best one installed), renames PyTorch's PrivateUse1 backend to "tpu" and
 registers torch.tpu.
 """
+import atexit
 import os
+import time
 
 import torch
 
@@ -26,6 +28,17 @@ def _initialize():
 
 
 _initialize()
+
+
+@atexit.register
+def _let_autograd_threads_finish():
+    # PyTorch's autograd device threads (one per tpu) drop a finished
+    # backward's state, which holds Python objects, just after backward()
+    # returns. If the interpreter is finalizing by then, taking the GIL ends the
+    # thread with a forced unwind and the process aborts ("terminate called
+    # without an active exception", pytorch/pytorch#38228). Give them a moment
+    # while the interpreter is still whole.
+    time.sleep(0.05)
 
 
 def metrics():
