@@ -1,0 +1,26 @@
+// Which kernel F.scaled_dot_product_attention uses on tpu. PyTorch asks the
+// device's _fused_sdp_choice stub; "overrideable" sends the call to
+// _scaled_dot_product_fused_attention_overrideable (and its backward), which
+// lower to one program each (ops/attention.cpp). Shapes that lowering does not
+// take (grouped-query heads, ranks other than 4) use PyTorch's math decomposition.
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
+
+namespace at::native {
+namespace {
+
+int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
+                       double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  bool fused = !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
+               at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
+               v.scalar_type() == q.scalar_type() && !(is_causal && mask.has_value() && mask->defined());
+  // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only.)
+  if (fused) fused = q.size(1) == k.size(1) && k.size(1) == v.size(1);
+  return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
+}
+
+}  // namespace
+
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu_sdp_choice)
+
+}  // namespace at::native
