@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "lowering/ops/common.h"
+#include "lowering/ops/random_bits.h"
 
 namespace torch_pjrt::lowering::ops {
 namespace {
@@ -53,47 +54,12 @@ std::vector<Value> safe_softmax(LoweringContext& ctx) {
 // Computed in float32 for half inputs, like the math path. The dropout mask
 // comes from Threefry-2x32 keyed by the executor's random state, which the
 // forward returns as (philox_seed, philox_offset) so that the backward
-// regenerates the same mask. (A local copy of ops/random.cpp's generator:
-// that one is file-local.)
-
-Value rotl(Builder& b, const Value& x, int r) {
-  Value l = b.op("stablehlo.shift_left", {x, b.splat(Scalar::from_int(r), x.type)}, x.type);
-  Value h = b.op("stablehlo.shift_right_logical", {x, b.splat(Scalar::from_int(32 - r), x.type)}, x.type);
-  return b.binary("or", l, h);
-}
-
-std::pair<Value, Value> threefry2x32(Builder& b, const Value& k0, const Value& k1, Value x0, Value x1) {
-  static const int kRot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
-  Value k2 = b.binary("xor", b.binary("xor", k0, k1), b.splat(Scalar::from_int(0x1BD11BDA), k0.type));
-  const Value ks[3] = {k0, k1, k2};
-  x0 = b.binary("add", x0, k0);
-  x1 = b.binary("add", x1, k1);
-  for (int i = 0; i < 5; ++i) {
-    for (int r = 0; r < 4; ++r) {
-      x0 = b.binary("add", x0, x1);
-      x1 = b.binary("xor", rotl(b, x1, kRot[(i % 2) * 4 + r]), x0);
-    }
-    x0 = b.binary("add", x0, ks[(i + 1) % 3]);
-    x1 = b.binary("add", b.binary("add", x1, ks[(i + 2) % 3]), b.splat(Scalar::from_int(i + 1), x1.type));
-  }
-  return {x0, x1};
-}
+// regenerates the same mask (ops/random_bits.h).
 
 // The dropout scale of `shape` from the i64[2] key: 1/(1-p) where kept
 // (probability 1-p, as bernoulli(1-p)), else 0.
 Value dropout_scale(Builder& b, const Value& key, const Shape& shape, double p) {
-  int64_t n = numel(shape), m = (n + 1) / 2;
-  Value w = b.bitcast_convert(key, TensorType{DType::I32, {2, 2}});
-  auto word = [&](int64_t i, int64_t j) {
-    return b.broadcast_to(b.reshape(b.slice(w, {i, j}, {i + 1, j + 1}), {}), {m});
-  };
-  Value c0 = b.binary("add", b.iota(TensorType{DType::I32, {m}}, 0), word(1, 0));
-  auto [y0, y1] = threefry2x32(b, word(0, 0), word(0, 1), c0, word(1, 1));
-  Value bits = b.slice(b.concatenate({y0, y1}, 0), {0}, {n});
-  // 24 random bits -> [0, 1) in float32.
-  bits = b.op("stablehlo.shift_right_logical", {bits, b.splat(Scalar::from_int(8), bits.type)}, bits.type);
-  Value u = b.convert(bits, DType::F32);
-  u = b.binary("multiply", u, b.splat(Scalar::from_float(std::ldexp(1.0, -24)), u.type));
+  Value u = uniform01(b, key, numel(shape));
   Value keep = b.reshape(b.compare(Cmp::LT, u, b.splat(Scalar::from_float(1.0 - p), u.type)), shape);
   TensorType ft{DType::F32, shape};
   return b.select(keep, b.splat(Scalar::from_float(1.0 / (1.0 - p)), ft), b.zeros(ft));

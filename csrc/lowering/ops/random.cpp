@@ -6,52 +6,17 @@
 #include <utility>
 
 #include "lowering/ops/common.h"
+#include "lowering/ops/random_bits.h"
 
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-// Threefry-2x32 (20 rounds, Salmon et al. 2011) written with signless i32
-// ops. stablehlo.rng_bit_generator would need a ui64 state and ui32/ui64
-// results, which the lowering DType set cannot express: the XLA CPU plugin
-// rejects an i64 state ("add with different element types: s64 and u64").
-Value rotl(Builder& b, const Value& x, int r) {
-  Value l = b.op("stablehlo.shift_left", {x, b.splat(Scalar::from_int(r), x.type)}, x.type);
-  Value h = b.op("stablehlo.shift_right_logical", {x, b.splat(Scalar::from_int(32 - r), x.type)}, x.type);
-  return b.binary("or", l, h);
-}
-
-std::pair<Value, Value> threefry2x32(Builder& b, const Value& k0, const Value& k1, Value x0, Value x1) {
-  static const int kRot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
-  Value k2 = b.binary("xor", b.binary("xor", k0, k1), b.splat(Scalar::from_int(0x1BD11BDA), k0.type));
-  const Value ks[3] = {k0, k1, k2};
-  x0 = b.binary("add", x0, k0);
-  x1 = b.binary("add", x1, k1);
-  for (int i = 0; i < 5; ++i) {
-    for (int r = 0; r < 4; ++r) {
-      x0 = b.binary("add", x0, x1);
-      x1 = b.binary("xor", rotl(b, x1, kRot[(i % 2) * 4 + r]), x0);
-    }
-    x0 = b.binary("add", x0, ks[(i + 1) % 3]);
-    x1 = b.binary("add", b.binary("add", x1, ks[(i + 2) % 3]), b.splat(Scalar::from_int(i + 1), x1.type));
-  }
-  return {x0, x1};
-}
-
-// `n` random words of `dt` (I32 or I64) as a flat tensor: Threefry of the
-// counters 0..m-1 keyed by the first 64 bits of the state, the other 64 bits
-// offsetting the counters.
+// `n` random words of `dt` (I32 or I64) as a flat tensor.
 Value random_bits(LoweringContext& ctx, int64_t n, DType dt) {
   Builder& b = ctx.b;
   if (!ctx.rng_state) ctx.fail("random lowering without a random state");
-  int64_t words = dt == DType::I64 ? 2 * n : n, m = (words + 1) / 2;
-  Value w = b.bitcast_convert(*ctx.rng_state, TensorType{DType::I32, {2, 2}});
-  auto word = [&](int64_t i, int64_t j) {
-    Value s = b.reshape(b.slice(w, {i, j}, {i + 1, j + 1}), {});
-    return b.broadcast_to(s, {m});
-  };
-  Value c0 = b.binary("add", b.iota(TensorType{DType::I32, {m}}, 0), word(1, 0));
-  auto [y0, y1] = threefry2x32(b, word(0, 0), word(0, 1), c0, word(1, 1));
-  Value bits = b.slice(b.concatenate({y0, y1}, 0), {0}, {words});
+  int64_t words = dt == DType::I64 ? 2 * n : n;
+  Value bits = random_words(b, *ctx.rng_state, words);
   if (dt == DType::I32) return bits;
   // Two 32-bit words per value, zero-extended and joined.
   Value mask = b.splat(Scalar::from_int(0xFFFFFFFFLL), TensorType{DType::I64, {n}});
