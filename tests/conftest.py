@@ -96,3 +96,32 @@ def metrics_delta():
                                 if n != before["cpu_fallbacks"].get(op, 0)}
         return out
     return delta
+
+
+def check_raises(fn, *inputs):
+    """fn raises on tpu inputs the same exception type as on the CPU inputs."""
+    with pytest.raises(Exception) as cpu_err:
+        fn(*inputs)
+    with pytest.raises(cpu_err.type):
+        fn(*tpu(inputs))
+
+
+def run_with_grads(fn, inputs, device):
+    """fn on `inputs` moved to `device` (floating tensors require grad), then a
+    backward with a fixed random cotangent: (output, input grads)."""
+    args = [x.detach().to(device).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+            for x in inputs]
+    y = fn(*args)
+    grads = []
+    if y.requires_grad:
+        y.backward(make(y.shape, y.dtype, low=-1, high=1, seed=7).to(device))
+        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    return y.detach(), grads
+
+
+def check(fn, *inputs, rtol=None, atol=None):
+    """Output and the grads of every floating-point input on tpu match CPU."""
+    expected = run_with_grads(fn, inputs, "cpu")
+    actual = run_with_grads(fn, inputs, "tpu")
+    assert_same(actual[0], expected[0], rtol, atol)
+    assert_same(actual[1], expected[1], rtol, atol)

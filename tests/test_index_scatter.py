@@ -12,39 +12,12 @@ import textwrap
 import pytest
 import torch
 
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, tpu, check_raises, check
 
 pytestmark = pytest.mark.filterwarnings("ignore:(index_reduce|The reduce argument).*:UserWarning")
 
 DTYPES = [torch.float32, torch.bfloat16]
 SHAPE = (4, 5, 6)
-
-
-def run(fn, inputs, device):
-    args = [x.detach().to(device).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-            for x in inputs]
-    y = fn(*args)
-    grads = []
-    if y.requires_grad:
-        g = make(y.shape, y.dtype, low=-1, high=1, seed=7).to(device)
-        y.backward(g)
-        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    return y.detach(), grads
-
-
-def check(fn, *inputs, rtol=None, atol=None):
-    """Output and the grads of every floating-point input on tpu match CPU."""
-    expected = run(fn, inputs, "cpu")
-    actual = run(fn, inputs, "tpu")
-    assert_same(actual[0], expected[0], rtol, atol)
-    assert_same(actual[1], expected[1], rtol, atol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 def idx(*values, dtype=torch.int64):

@@ -10,7 +10,7 @@ import torch
 import torch_pjrt
 import torch.nn.functional as F
 
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, tpu, check_raises
 
 # ATen ops lowered by this family; a missing lowering of any other op (owned
 # by another family, still being written) skips instead of failing.
@@ -69,13 +69,6 @@ def check(fn, *inputs, grad_idx=(0,), rtol=None, atol=None, upcast_reference=Fal
         raise
     assert_same(actual[0], expected[0], rtol, atol)
     assert_same(actual[1], expected[1], rtol, atol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 def targets(shape, classes, ignore=None, seed=1):

@@ -3,7 +3,7 @@ that decompose into them (matmul, linear, einsum), on tpu vs CPU."""
 import pytest
 import torch
 
-from conftest import FLOAT_DTYPES, assert_same, make, tpu
+from conftest import FLOAT_DTYPES, assert_same, make, tpu, check_raises
 
 # Sums of products: float32 results differ from CPU's blocked kernels by more
 # than elementwise rounding, so float32 gets rtol 1e-5 / atol 1e-4.
@@ -12,13 +12,6 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-4)}
 
 def check(fn, *inputs, dtype=torch.float32):
     assert_same(fn(*tpu(inputs)), fn(*inputs), **TOL.get(dtype, {}))
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.int32])

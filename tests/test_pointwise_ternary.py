@@ -3,35 +3,9 @@ bounds, masked_fill with a tensor value) on tpu vs PyTorch on CPU, forward and b
 import pytest
 import torch
 
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, tpu, check_raises, check
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def run(fn, inputs, device):
-    args = [x.detach().to(device).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-            for x in inputs]
-    y = fn(*args)
-    grads = []
-    if y.requires_grad:
-        y.backward(make(y.shape, y.dtype, low=-1, high=1, seed=7).to(device))
-        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    return y.detach(), grads
-
-
-def check(fn, *inputs, rtol=None, atol=None):
-    """Output and the grads of every floating-point input on tpu match CPU."""
-    expected = run(fn, inputs, "cpu")
-    actual = run(fn, inputs, "tpu")
-    assert_same(actual[0], expected[0], rtol, atol)
-    assert_same(actual[1], expected[1], rtol, atol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, make, tpu
+from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, make, tpu, check_raises
 
 SHAPE = (3, 4, 5)
 DIMS = [None, 1, -1, [0, 2]]
@@ -12,13 +12,6 @@ DIMS = [None, 1, -1, [0, 2]]
 
 def check(fn, *inputs, rtol=None, atol=None):
     assert_same(fn(*tpu(inputs)), fn(*inputs), rtol=rtol, atol=atol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 def with_nan(dtype):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch_pjrt
 
-from conftest import INT_DTYPES, assert_same, make, tpu
+from conftest import INT_DTYPES, assert_same, make, tpu, check_raises
 
 # _logcumsumexp has no Meta kernel and no lowering: it is reached only if the
 # executor stops routing logcumsumexp (CompositeExplicitAutograd) to its lowering.
@@ -56,13 +56,6 @@ def check_grad(fn, x, rtol=None, atol=None):
     res = [run("cpu"), call_tpu(run, "tpu")]
     assert_same(res[1][0], res[0][0], rtol, atol)
     assert_same(res[1][1], res[0][1], rtol, atol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 def distinct(shape, dtype=torch.float32, seed=0):

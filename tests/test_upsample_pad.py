@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, tpu, check_raises
 
 GRAD_DTYPES = [torch.float32, torch.bfloat16]
 
@@ -20,13 +20,6 @@ def check_grad(fn, x, dtype, seed=1):
     # bfloat16 gradients sum several rounded products: a little more room.
     tol = {} if dtype != torch.bfloat16 else dict(rtol=3e-2, atol=3e-2)
     assert_same(xt.grad, xc.grad, **tol)
-
-
-def check_raises(fn, *inputs):
-    with pytest.raises(Exception) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(cpu_err.type):
-        fn(*tpu(inputs))
 
 
 # ---- F.pad -------------------------------------------------------------------------------
