@@ -268,3 +268,15 @@ def test_kl_div(log_target, reduction):
     if log_target:
         t = t.log()
     check(lambda x, t: F.kl_div(x, t, reduction=reduction, log_target=log_target), x, t, grad_idx=(0, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_l1_and_kl_div_run_lowered(dtype, metrics_delta):
+    # l1_loss's backward uses sgn, kl_div uses xlogy: both lowered, no CPU fallback.
+    a, b = make((4, 6), dtype), make((4, 6), dtype, seed=1)
+    check(lambda x, y: torch.nn.functional.l1_loss(x, y), a, b)
+    logp = torch.log_softmax(make((4, 6), torch.float32), -1).to(dtype)
+    p = torch.softmax(make((4, 6), torch.float32, seed=2), -1).to(dtype)
+    p[0, 0] = 0  # xlogy(0, 0) = 0
+    check(lambda x, t: torch.nn.functional.kl_div(x, t, reduction="batchmean"), logp, p)
+    assert metrics_delta()["cpu_fallbacks"] == {}

@@ -82,6 +82,18 @@ TORCH_PJRT_LOWERING("div", div);
 TORCH_PJRT_LOWERING("remainder", promoted_binary<python_remainder>);
 TORCH_PJRT_LOWERING("fmod", promoted_binary<c_remainder>);
 TORCH_PJRT_LOWERING("floor_divide", promoted_binary<floor_divide>);
+// xlogy(x, y) = x * log(y), 0 where x == 0, NaN where y is NaN (kl_div uses it);
+// half types computed in float32 as on CPU.
+TORCH_PJRT_LOWERING("xlogy", [](LoweringContext& ctx) -> std::vector<Value> {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType dt = math_dtype(out.dtype);
+  Value x = operand_as(ctx, "self", dt, out.shape), y = operand_as(ctx, "other", dt, out.shape);
+  Value r = b.binary("multiply", x, b.unary("log", y));
+  r = b.select(b.compare(Cmp::EQ, x, splat_like(b, 0, x)), splat_like(b, 0, x), r);
+  r = b.select(b.compare(Cmp::NE, y, y), y, r);
+  return {b.convert(r, out.dtype)};
+});
 TORCH_PJRT_LOWERING("copy", copy);
 TORCH_PJRT_LOWERING("fill", fill);
 TORCH_PJRT_LOWERING("zero", zero);

@@ -129,6 +129,7 @@ TORCH_PJRT_LOWERING("pow", pow);
 TORCH_PJRT_LOWERING("abs", abs);
 TORCH_PJRT_LOWERING("neg", neg);
 TORCH_PJRT_LOWERING("sign", sign);
+TORCH_PJRT_LOWERING("sgn", sign);  // sign for real dtypes (l1_loss backward uses it)
 TORCH_PJRT_LOWERING("ceil", [](LoweringContext& c) { return rounding(c, "ceil"); });
 TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"); });
 TORCH_PJRT_LOWERING("round", round);
