@@ -2,7 +2,11 @@
 // kernel made of other ops) to the lowering registry when a lowering exists,
 // so that one registered lowering is all a new op needs. Ops with a
 // CompositeImplicitAutograd kernel are left alone: a backend kernel would
-// take their autograd formula away.
+// take their autograd formula away. Functional forms of structured ops
+// (CompositeExplicitAutogradNonFunctional: empty output + out= kernel) are
+// left alone too: their out= form's C++ Meta kernel checks more than the
+// functional form's Python one (e.g. leaky_relu_backward), and routing them
+// saved only ~0.4 us per op.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
