@@ -203,3 +203,13 @@ def test_plugin_error_becomes_runtime_error():
     ok = ('module @m { func.func public @main(%a: tensor<2xf32>) -> (tensor<2xf32>) {'
           ' "func.return"(%a) : (tensor<2xf32>) -> () } }')
     assert _state.C.compile_program(ok) == 1
+
+
+def test_non_blocking_copies_and_pinned_memory():
+    x = make((4, 3))
+    host = tpu(x).to("cpu", non_blocking=True)  # lands in pinned host memory
+    torch.tpu.synchronize()
+    assert host.is_pinned() and torch.equal(host, x)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned()
+    assert_same(pinned.to("tpu", non_blocking=True), x)

@@ -8,6 +8,7 @@
 
 #include "device/current_device.h"
 #include "device/generator.h"
+#include "device/pinned_memory.h"
 
 namespace torch_pjrt::device {
 namespace {
@@ -48,6 +49,8 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     return at::make_generator<PjrtGeneratorImpl>(index < 0 ? current_device() : index);
   }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_memory_allocator(); }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
   at::Device getDeviceFromPtr(void*) const override {
     return at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current_device()));
   }
