@@ -1,4 +1,5 @@
-"""Eager training throughput, tpu against PyTorch eager on CPU, in one run.
+"""Eager training throughput, tpu against PyTorch eager on CPU (or --baseline
+cuda on a GPU machine), in one run.
 
 For the MLP, the CNN and the GPT of examples/models.py: the first step
 (compiles included) and the warm step time (median over steps after a
@@ -25,6 +26,8 @@ import models  # noqa: E402
 def sync(device):
     if device == "tpu":
         torch.tpu.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
 
 
 def step_times(kind, device, steps):
@@ -60,8 +63,7 @@ def per_op(device, n=2000):
     for _ in range(200):
         start = time.perf_counter()
         z = torch.add(x, y)
-        if device == "tpu":
-            torch.tpu.synchronize()
+        sync(device)
         waited.append(time.perf_counter() - start)
     return launched, statistics.median(waited)
 
@@ -70,19 +72,21 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--baseline", default="cpu", help="PyTorch eager device to compare with (cpu, cuda)")
     args = parser.parse_args()
     info = torch_pjrt.plugin_info()
     print(f"plugin '{info['name']}' ({info['platform']}), torch {torch.__version__}, "
           f"{os.cpu_count()} CPU cores, {args.steps} steps per run, warm = median of steps 6..N")
     rows = []
     for kind in ("mlp", "cnn", "gpt"):
-        cpu, _ = step_times(kind, "cpu", args.steps)
+        cpu, _ = step_times(kind, args.baseline, args.steps)
         tpu, compiles = step_times(kind, "tpu", args.steps)
         fallbacks = torch_pjrt.metrics()["cpu_fallbacks"]
         rows.append((kind, tpu[0], compiles, statistics.median(tpu[5:]), statistics.median(cpu[5:]), fallbacks))
     sep = "|" if args.markdown else " "
+    base = args.baseline
     head = ["model", "tpu first step (ms)", "programs compiled", "tpu warm step (ms)", "tpu steps/s",
-            "cpu warm step (ms)", "cpu steps/s", "tpu/cpu time"]
+            f"{base} warm step (ms)", f"{base} steps/s", f"tpu/{base} time"]
     fmt = lambda cells: (sep + sep.join(f" {c} " for c in cells) + sep) if args.markdown else "  ".join(f"{c:>12}" for c in cells)  # noqa: E731
     print(fmt(head))
     if args.markdown:
@@ -96,7 +100,7 @@ def main():
     print(fmt(head))
     if args.markdown:
         print("|" + "---|" * len(head))
-    for device in ("cpu", "tpu"):
+    for device in (base, "tpu"):
         launched, waited = per_op(device)
         print(fmt([device, f"{launched * 1e6:.1f}", f"{waited * 1e6:.1f}"]))
 

@@ -16,4 +16,7 @@ cmake --build build-gpu -- -j"$(nproc)" | grep -v "^\[" || true
 export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=2
 "$PY" -c "import torch, torch_pjrt; print(torch_pjrt.plugin_info()); print(torch.tpu.device_count(), torch.tpu.get_device_name())"
 "$PY" examples/demo.py
+"$PY" -m pytest tests/test_training.py tests/test_autograd.py -q -p no:cacheprovider
+# Eager training throughput, tpu (CUDA plugin) against PyTorch eager on CUDA.
+"$PY" benchmarks/eager_training.py --steps 40 --markdown --baseline cuda
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"
