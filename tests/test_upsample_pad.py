@@ -149,3 +149,11 @@ def test_interpolate_float64_and_noncontiguous():
 def test_interpolate_bad_input():
     check_raises(lambda t: F.interpolate(t, size=(0, 3), mode="nearest"), make((1, 2, 3, 4)))
     check_raises(lambda t: torch.ops.aten.upsample_bilinear2d(t, [4, 4], False), make((2, 3, 4)))
+
+
+@pytest.mark.parametrize("mode,align,scale", [("bilinear", False, 2), ("bilinear", True, 2),
+                                              ("bilinear", False, 0.5), ("bicubic", False, 2)])
+def test_interpolate_uint8_images_match_cpu_exactly(mode, align, scale):
+    x = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    f = lambda t: torch.nn.functional.interpolate(t, scale_factor=scale, mode=mode, align_corners=align)  # noqa: E731
+    assert torch.equal(f(tpu(x)).cpu(), f(x))

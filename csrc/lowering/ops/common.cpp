@@ -1,5 +1,7 @@
 #include "lowering/ops/common.h"
 
+#include <cmath>
+
 namespace torch_pjrt::lowering::ops {
 
 DType compute_dtype(const LoweringContext& ctx, const std::string& a, const std::string& b) {
@@ -46,6 +48,12 @@ Value python_remainder(Builder& b, const Value& a, const Value& d) {
   Value nonzero = b.compare(Cmp::NE, r, zero);
   Value signs_differ = b.compare(Cmp::NE, b.compare(Cmp::LT, r, zero), b.compare(Cmp::LT, d, zero));
   return b.select(b.binary("and", nonzero, signs_differ), b.binary("add", r, d), r);
+}
+
+std::pair<double, double> integer_range(DType t) {
+  int bits = 8 * int(itemsize(t));
+  if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
+  return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
 }
 
 }  // namespace torch_pjrt::lowering::ops

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <utility>
 
 #include "lowering/registry.h"
 
@@ -22,6 +23,9 @@ DType math_dtype(DType out);
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);
 Value erf(Builder& b, const Value& x);
+
+// The values an integer dtype holds, as doubles (lowest, highest).
+std::pair<double, double> integer_range(DType t);
 
 // Floor division and remainder with Python semantics, for int or float.
 Value floor_divide(Builder& b, const Value& a, const Value& d);

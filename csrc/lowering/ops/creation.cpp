@@ -27,13 +27,6 @@ std::vector<Value> arange(LoweringContext& ctx) {
   return {b.binary("add", start, b.binary("multiply", i, step))};
 }
 
-// The values an integer dtype holds, as doubles.
-std::pair<double, double> integer_range(DType t) {
-  int bits = 8 * int(itemsize(t));
-  if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
-  return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
-}
-
 // c + x*i rounded (nearly always) once, as an FMA would, in float64, for an
 // integer-valued i below 2^26: x is split into two halves of at most 27 significant bits
 // (masking mantissa bits, not Veltkamp's multiply, which XLA could contract),

@@ -248,7 +248,11 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
   auto scales = scales_of(ctx, sp.nd);
   DType in_dt = x.dtype();
   bool nearest = sp.kind == Kind::Nearest || sp.kind == Kind::NearestExact;
-  if (!nearest) x = b.convert(x, math_dtype(in_dt));
+  // Integer images (uint8) interpolate in float32 and, like CPU's separable
+  // uint8 kernel, round half up and clamp after each dimension's pass.
+  bool integral = !is_float(in_dt);
+  DType weight_dt = integral ? DType::F32 : in_dt;
+  if (!nearest) x = b.convert(x, integral ? DType::F32 : math_dtype(in_dt));
   for (int i = sp.nd - 1; i >= 0; --i) {
     int64_t d = x.rank() - sp.nd + i;
     Taps t = taps_for(sp, in_dt, x.shape()[d], out.shape[d], align, scales[i], false);
@@ -258,11 +262,16 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
     }
     Shape gathered = x.shape();
     gathered[d] = out.shape[d];
-    auto ws = weights(b, t, TensorType{x.dtype(), gathered}, d, in_dt);
+    auto ws = weights(b, t, TensorType{x.dtype(), gathered}, d, weight_dt);
     Value y;
     for (size_t k = 0; k < t.idx.size(); ++k) {
       Value term = b.binary("multiply", take(b, x, t.idx[k], d), ws[k]);
       y = k == 0 ? term : b.binary("add", y, term);
+    }
+    if (integral) {
+      auto [lo, hi] = integer_range(in_dt);
+      y = b.unary("round_nearest_afz", y);
+      y = b.binary("minimum", b.binary("maximum", y, splat_like(b, lo, y)), splat_like(b, hi, y));
     }
     x = y;
   }
