@@ -292,3 +292,11 @@ def test_print(data, dtype):
 def test_print_int(dtype):
     x = make((2, 3), dtype)
     assert str(tpu(x)).replace(", device='tpu:0'", "") == str(x)
+
+
+@pytest.mark.parametrize("eps", [None, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logit_and_grad(eps, dtype):
+    from conftest import check
+    low, high = (-0.2, 1.2) if dtype == torch.float32 else (0.05, 0.95)  # NaN outside [0, 1] without eps
+    check(lambda x: torch.logit(x, eps), make((4, 5), dtype, low=low, high=high))

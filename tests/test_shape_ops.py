@@ -238,3 +238,11 @@ def test_copy_of_noncontiguous(dtype):
     check(lambda x: x.contiguous(), x)
     check(lambda x: x.t().clone(), x)
     check(lambda x: x.t().contiguous().view(-1), x)
+
+
+@pytest.mark.parametrize("shape,dim,size,step", [((7,), 0, 3, 2), ((4, 9), 1, 4, 1), ((4, 9, 3), -2, 2, 3),
+                                                 ((5,), 0, 5, 1), ((6, 4), 0, 2, 4)])
+def test_unfold_backward_overlapping_windows(shape, dim, size, step, metrics_delta):
+    from conftest import check
+    check(lambda x: x.unfold(dim, size, step), make(shape))
+    assert metrics_delta()["cpu_fallbacks"] == {}

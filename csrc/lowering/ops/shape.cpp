@@ -64,8 +64,34 @@ std::vector<Value> triangle(LoweringContext& ctx, Cmp keep) {
   return {b.select(mask, x, b.zeros(x.type))};
 }
 
+// unfold_backward(grad_in, input_sizes, dim, size, step): the gradient of
+// x.unfold(dim, size, step). Window w's element k came from x[.. w*step+k ..]:
+// scatter-add every grad element there (overlapping windows add up).
+std::vector<Value> unfold_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& g = ctx.tensor("grad_in");
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0 || g.type.numel() == 0) return {b.zeros(out)};
+  int64_t r = out.rank();
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), r), step = ctx.to_int("step", 1);
+  TensorType it{DType::I64, g.shape()};
+  Shape coord_shape = g.shape();
+  coord_shape.push_back(1);
+  std::vector<Value> coords;
+  for (int64_t d = 0; d < std::max<int64_t>(r, 1); ++d) {
+    Value c = b.iota(it, d);
+    if (d == dim)
+      c = b.binary("add", b.binary("multiply", c, b.splat(Scalar::from_int(step), it)), b.iota(it, g.rank() - 1));
+    coords.push_back(b.reshape(c, coord_shape));
+  }
+  Value target = r == 0 ? b.reshape(b.zeros(out), {1}) : b.zeros(out);
+  Value res = b.scatter_elements(target, b.concatenate(coords, g.rank()), b.convert(g, out.dtype), "stablehlo.add");
+  return {b.reshape(res, out.shape)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("unfold_backward", unfold_backward);
 TORCH_PJRT_LOWERING("cat", cat);
 TORCH_PJRT_LOWERING("flip", flip);
 TORCH_PJRT_LOWERING("roll", roll);

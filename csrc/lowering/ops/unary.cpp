@@ -94,6 +94,34 @@ LowerFn infinity_test(int sign) {
   };
 }
 
+// logit(x, eps) = log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given.
+std::vector<Value> logit(LoweringContext& ctx) {
+  bool clamp = ctx.has("eps");
+  double eps = ctx.to_double("eps", 0.0);
+  return float_unary(ctx, [&](Builder& b, const Value& x0) {
+    Value x = x0;
+    if (clamp)
+      x = b.binary("minimum", b.binary("maximum", x, splat_like(b, eps, x)), splat_like(b, 1.0 - eps, x));
+    return b.unary("log", b.binary("divide", x, b.binary("subtract", splat_like(b, 1.0, x), x)));
+  });
+}
+
+// logit_backward: grad / (x (1 - x)); with eps, 0 outside [eps, 1 - eps];
+// without, NaN outside [0, 1] (as CPU).
+std::vector<Value> logit_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType dt = math_dtype(out.dtype);
+  Value g = b.convert(ctx.tensor("grad_output"), dt), x = b.convert(ctx.tensor("self"), dt);
+  bool clamp = ctx.has("eps");
+  double eps = ctx.to_double("eps", 0.0);
+  double lo = clamp ? eps : 0.0, hi = clamp ? 1.0 - eps : 1.0;
+  Value r = b.binary("divide", g, b.binary("multiply", x, b.binary("subtract", splat_like(b, 1.0, x), x)));
+  Value outside = b.binary("or", b.compare(Cmp::LT, x, splat_like(b, lo, x)), b.compare(Cmp::GT, x, splat_like(b, hi, x)));
+  r = b.select(outside, splat_like(b, clamp ? 0.0 : NAN, x), r);
+  return {b.convert(r, out.dtype)};
+}
+
 // pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
 // scalar. Computed in the promoted output dtype.
 std::vector<Value> pow(LoweringContext& ctx) {
@@ -135,6 +163,8 @@ TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"
 TORCH_PJRT_LOWERING("round", round);
 TORCH_PJRT_LOWERING("trunc", trunc);
 TORCH_PJRT_LOWERING("isnan", isnan);
+TORCH_PJRT_LOWERING("logit", logit);
+TORCH_PJRT_LOWERING("logit_backward", logit_backward);
 TORCH_PJRT_LOWERING("isinf", infinity_test(0));
 TORCH_PJRT_LOWERING("isposinf", infinity_test(1));
 TORCH_PJRT_LOWERING("isneginf", infinity_test(-1));
