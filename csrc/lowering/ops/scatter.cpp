@@ -111,8 +111,9 @@ ElementScatter element_scatter(LoweringContext& ctx) {
   ElementScatter e;
   const Value& self = ctx.tensor("self");
   const Value& index = ctx.tensor("index");
-  // PyTorch's Meta kernels leave this check to the device kernels.
-  if (index.dtype() != DType::I64 && index.dtype() != DType::I32)
+  // PyTorch's Meta kernels leave this check to the device kernels (which,
+  // like CPU's, accept any dtype for an empty index: gather's backward).
+  if (index.dtype() != DType::I64 && index.dtype() != DType::I32 && index.type.numel() > 0)
     ctx.fail("Expected dtype int32/int64 for index");
   e.self = b.convert(self.rank() == 0 ? b.reshape(self, {1}) : self, ctx.out().dtype);
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
