@@ -317,20 +317,20 @@ Value Builder::gather_elements(const Value& x, const Value& indices) {
                 ", indices_are_sorted = false");
 }
 
+std::string Builder::scatter_region(DType dtype, const std::string& combine_op) {
+  if (!combine_op.empty()) return binary_region(dtype, combine_op);
+  // Replace: return the update value.
+  TensorType s{dtype, {}};
+  std::string a = fresh(), b = fresh();
+  return "{\n    ^bb0(" + a + ": " + s.str() + ", " + b + ": " + s.str() +
+         "):\n      \"stablehlo.return\"(" + b + ") : (" + s.str() + ") -> ()\n    }";
+}
+
 Value Builder::scatter_elements(const Value& x, const Value& indices, const Value& updates,
                                 const std::string& combine_op) {
   std::vector<int64_t> all;
   for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
-  std::string region;
-  if (combine_op.empty()) {
-    // Replace: return the update value.
-    TensorType s{x.dtype(), {}};
-    std::string a = fresh(), b = fresh();
-    region = "{\n    ^bb0(" + a + ": " + s.str() + ", " + b + ": " + s.str() +
-             "):\n      \"stablehlo.return\"(" + b + ") : (" + s.str() + ") -> ()\n    }";
-  } else {
-    region = binary_region(x.dtype(), combine_op);
-  }
+  std::string region = scatter_region(x.dtype(), combine_op);
   return op_multi("stablehlo.scatter", {x, indices, updates}, {x.type},
                   "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " +
                       i64_list(all) + ", scatter_dims_to_operand_dims = " + i64_list(all) +

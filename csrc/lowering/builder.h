@@ -62,6 +62,9 @@ class Builder {
 
   // A region `{ ^bb0(%a: T, %b: T): %r = body(%a, %b); return %r }` for reduce/scatter.
   std::string binary_region(DType dtype, const std::string& body_op);
+  // A scatter's update region: `combine_op` ("stablehlo.add", ...) or, when
+  // empty, replace with the update.
+  std::string scatter_region(DType dtype, const std::string& combine_op);
 
   // Wraps everything emitted so far as `func.func @main` returning `results`.
   std::string finish(const std::vector<Value>& results) const;

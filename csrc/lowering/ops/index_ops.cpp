@@ -23,16 +23,6 @@ std::string dims_attr(const std::string& name, const std::vector<int64_t>& v) {
   return v.empty() ? "" : name + " = " + i64_list(v) + ", ";
 }
 
-// The region of a scatter: `combine` ("stablehlo.add", ...) or, when empty,
-// replace with the update.
-std::string scatter_region(Builder& b, DType dt, const std::string& combine) {
-  if (!combine.empty()) return b.binary_region(dt, combine);
-  TensorType s{dt, {}};
-  std::string x = b.fresh(), u = b.fresh();
-  return "{\n    ^bb0(" + x + ": " + s.str() + ", " + u + ": " + s.str() +
-         "):\n      \"stablehlo.return\"(" + u + ") : (" + s.str() + ") -> ()\n    }";
-}
-
 // idx (any int dtype) as i64, negative entries wrapped by `size`.
 Value wrap_index(Builder& b, const Value& idx, int64_t size) {
   Value i = b.convert(idx, DType::I64);
@@ -246,7 +236,7 @@ std::vector<Value> index_put(LoweringContext& ctx) {
           ", scatter_dims_to_operand_dims = " + i64_list(range(0, ai.num_indexed)) +
           ", index_vector_dim = " + std::to_string(nb) +
           ">, indices_are_sorted = false, unique_indices = false",
-      scatter_region(b, dt, combine))[0];
+      b.scatter_region(dt, combine))[0];
   return {b.transpose(s, inverse(ai.perm))};
 }
 

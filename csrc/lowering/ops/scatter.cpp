@@ -14,15 +14,6 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-// The scatter region: `combine` ("stablehlo.add", ...) or, when empty, replace.
-std::string scatter_region(Builder& b, DType dt, const std::string& combine) {
-  if (!combine.empty()) return b.binary_region(dt, combine);
-  TensorType s{dt, {}};
-  std::string x = b.fresh(), u = b.fresh();
-  return "{\n    ^bb0(" + x + ": " + s.str() + ", " + u + ": " + s.str() +
-         "):\n      \"stablehlo.return\"(" + u + ") : (" + s.str() + ") -> ()\n    }";
-}
-
 // ---------------------------------------------------------------------------
 // Reductions shared by every scatter here.
 
@@ -213,7 +204,7 @@ SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative) {
   Value indices = b.reshape(idx, {n, 1});
   s.scat = [&b, indices, dn](const Value& base, const Value& upd, const std::string& combine) {
     return b.op_multi("stablehlo.scatter", {base, indices, upd}, {base.type}, dn,
-                      scatter_region(b, base.dtype(), combine))[0];
+                      b.scatter_region(base.dtype(), combine))[0];
   };
   return s;
 }
