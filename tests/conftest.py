@@ -98,6 +98,16 @@ def metrics_delta():
     return delta
 
 
+@pytest.fixture
+def no_cpu_fallback():
+    """Fails the test if any op ran through the CPU fallback."""
+    before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
+    yield
+    after = torch_pjrt.metrics()["cpu_fallbacks"]
+    fell_back = sorted(op for op, n in after.items() if n != before.get(op, 0))
+    assert not fell_back, f"ran on CPU: {fell_back}"
+
+
 def check_raises(fn, *inputs):
     """fn raises on tpu inputs the same exception type as on the CPU inputs."""
     with pytest.raises(Exception) as cpu_err:

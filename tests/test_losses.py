@@ -1,6 +1,5 @@
 """Loss functions and softmax backward on tpu vs PyTorch on CPU, forward and backward."""
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -12,31 +11,11 @@ import torch.nn.functional as F
 
 from conftest import assert_same, make, tpu, check_raises
 
-# ATen ops lowered by this family; a missing lowering of any other op (owned
-# by another family, still being written) skips instead of failing.
-OWN_OPS = {"nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
-           "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
-           "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
-           "binary_cross_entropy_with_logits", "_softmax_backward_data", "_log_softmax_backward_data"}
+# Every test here must run on lowered ops only.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 REDUCTIONS = ["none", "mean", "sum"]
-
-
-@pytest.fixture(autouse=True)
-def own_ops_not_run_on_cpu():
-    """This family's ops must run lowered, never through the executor's CPU fallback."""
-    before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
-    yield
-    after = torch_pjrt.metrics()["cpu_fallbacks"]
-    fell_back = {op for op, n in after.items() if n != before.get(op, 0)}
-    own = {op for op in fell_back if op.split("::")[-1].split(".")[0].rstrip("_") in OWN_OPS}
-    assert not own, f"ran on CPU: {sorted(own)}"
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def skip_if_other_family_missing(err):
-    m = re.search(r"aten::(\w+)", str(err))
-    if m and m.group(1) not in OWN_OPS:
-        pytest.skip(f"needs a lowering of aten::{m.group(1)} (another family)")
 
 
 def run(fn, inputs, grad_idx, device, upcast=False):
@@ -62,11 +41,7 @@ def check(fn, *inputs, grad_idx=(0,), rtol=None, atol=None, upcast_reference=Fal
     the CPU reference is computed in float32 and rounded (for bfloat16 losses whose
     CPU kernels round intermediates where the lowering keeps float32)."""
     expected = run(fn, inputs, grad_idx, "cpu", upcast=upcast_reference)
-    try:
-        actual = run(fn, inputs, grad_idx, "tpu")
-    except NotImplementedError as e:
-        skip_if_other_family_missing(e)
-        raise
+    actual = run(fn, inputs, grad_idx, "tpu")
     assert_same(actual[0], expected[0], rtol, atol)
     assert_same(actual[1], expected[1], rtol, atol)
 

@@ -1,7 +1,6 @@
 """Cumulative ops (cumsum, cumprod, logcumsumexp) and sorting/selection (sort,
 argsort, msort, topk, kthvalue, median, nanmedian) on tpu vs PyTorch on CPU."""
 import math
-import re
 
 import pytest
 import torch
@@ -9,36 +8,14 @@ import torch_pjrt
 
 from conftest import INT_DTYPES, assert_same, make, tpu, check_raises
 
-# _logcumsumexp has no Meta kernel and no lowering: it is reached only if the
-# executor stops routing logcumsumexp (CompositeExplicitAutograd) to its lowering.
-OWN_OPS = {"cumsum", "cumprod", "logcumsumexp", "_logcumsumexp", "sort", "topk", "kthvalue", "median",
-           "nanmedian"}
+# Every test here must run on lowered ops only.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 NAN = float("nan")
 
 
-@pytest.fixture(autouse=True)
-def own_ops_not_run_on_cpu():
-    """This family's ops must run lowered, never through the executor's CPU fallback."""
-    before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
-    yield
-    after = torch_pjrt.metrics()["cpu_fallbacks"]
-    fell_back = {op for op, n in after.items() if n != before.get(op, 0)}
-    own = {op for op in fell_back if op.split("::")[-1].split(".")[0].rstrip("_") in OWN_OPS}
-    assert not own, f"ran on CPU: {sorted(own)}"
-
-
-def skip_if_other_family_missing(err):
-    m = re.search(r"aten::(\w+)", str(err))
-    if m and m.group(1) not in OWN_OPS:
-        pytest.skip(f"needs a lowering of aten::{m.group(1)} (another family)")
-
-
 def call_tpu(fn, *inputs):
-    try:
-        return fn(*inputs)
-    except NotImplementedError as e:
-        skip_if_other_family_missing(e)
-        raise
+    return fn(*inputs)
 
 
 def check(fn, *inputs, rtol=None, atol=None):
