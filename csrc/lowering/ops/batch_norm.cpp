@@ -89,25 +89,6 @@ std::vector<Value> native_batch_norm(LoweringContext& ctx) {
   return {out, mean, invstd};
 }
 
-// Which of (grad_input, grad_weight, grad_bias) autograd asked for. The executor
-// may not pass bool lists as data; then all three are computed.
-std::vector<bool> output_mask(const LoweringContext& ctx) {
-  const Arg* a = ctx.find("output_mask");
-  if (a && a->kind == Arg::IntList && a->ints.size() == 3) return {a->ints[0] != 0, a->ints[1] != 0, a->ints[2] != 0};
-  return {true, true, true};
-}
-
-// The results PyTorch expects: one per requested gradient, or all three when the
-// executor reports three outputs.
-std::vector<Value> masked(const LoweringContext& ctx, std::vector<Value> all) {
-  if (ctx.outputs.size() == all.size()) return all;
-  std::vector<bool> mask = output_mask(ctx);
-  std::vector<Value> r;
-  for (size_t i = 0; i < all.size(); ++i)
-    if (mask[i]) r.push_back(std::move(all[i]));
-  return r;
-}
-
 // native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?,
 // save_mean?, save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias).
 std::vector<Value> native_batch_norm_backward(LoweringContext& ctx) {
@@ -145,7 +126,8 @@ std::vector<Value> native_batch_norm_backward(LoweringContext& ctx) {
   } else {
     grad_input = b.binary("multiply", dy, scale);
   }
-  return masked(ctx, {grad_input, b.binary("multiply", dotp, invstd), sum});
+  // All three: the executor drops the ones output_mask did not ask for.
+  return {grad_input, b.binary("multiply", dotp, invstd), sum};
 }
 
 }  // namespace

@@ -58,22 +58,6 @@ std::vector<Value> native_group_norm(LoweringContext& ctx) {
   return {b.reshape(out, input.shape()), mean, rstd};
 }
 
-std::vector<bool> output_mask(const LoweringContext& ctx) {
-  const Arg* a = ctx.find("output_mask");
-  if (a && a->kind == Arg::IntList && a->ints.size() == 3) return {a->ints[0] != 0, a->ints[1] != 0, a->ints[2] != 0};
-  return {true, true, true};
-}
-
-// One result per requested gradient, or all three when the executor reports three outputs.
-std::vector<Value> masked(const LoweringContext& ctx, std::vector<Value> all) {
-  if (ctx.outputs.size() == all.size()) return all;
-  std::vector<bool> mask = output_mask(ctx);
-  std::vector<Value> r;
-  for (size_t i = 0; i < all.size(); ++i)
-    if (mask[i]) r.push_back(all[i]);
-  return r;
-}
-
 // native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group,
 // output_mask) -> (grad_input, grad_weight, grad_bias), with PyTorch's CPU formulas:
 // ds/db are per-(n, c) sums of dy*x and dy; grad_input = dy*c1 + x*c2 + c3.
@@ -108,7 +92,8 @@ std::vector<Value> native_group_norm_backward(LoweringContext& ctx) {
                           b.broadcast_in_dim(rstd, g3, {0, 1}));
   dgamma = b.reshape(sum_over(b, dgamma, {0}), {d.c});
   Value dbeta = b.reshape(sum_over(b, db, {0}), {d.c});
-  return masked(ctx, {b.reshape(dx, input.shape()), dgamma, dbeta});
+  // All three: the executor drops the ones output_mask did not ask for.
+  return {b.reshape(dx, input.shape()), dgamma, dbeta};
 }
 
 }  // namespace
