@@ -1,5 +1,6 @@
 """Shared test helpers: every tpu result is compared with PyTorch on CPU."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -106,6 +107,14 @@ def no_cpu_fallback():
     after = torch_pjrt.metrics()["cpu_fallbacks"]
     fell_back = sorted(op for op, n in after.items() if n != before.get(op, 0))
     assert not fell_back, f"ran on CPU: {fell_back}"
+
+
+def run_python(code, **env):
+    """Runs `code` in a fresh interpreter (for settings read once per process)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full_env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
 
 
 def check_raises(fn, *inputs):

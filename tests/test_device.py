@@ -1,16 +1,13 @@
 """The tpu device: torch.tpu API, transfers, several devices, serialization, metrics."""
 import io
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torch_pjrt
-from conftest import ALL_DTYPES, assert_same, make, tpu
+from conftest import ALL_DTYPES, assert_same, make, tpu, run_python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON_CPU_PLUGIN = torch_pjrt.plugin_info()["name"] == "cpu"
 cpu_plugin_only = pytest.mark.skipif(not ON_CPU_PLUGIN, reason="checks the CPU plugin's options")
 
@@ -155,12 +152,6 @@ def test_incompatible_shapes_raise_like_cpu():
         a + b
     with pytest.raises(type(cpu_err.value), match="must match the size"):
         tpu(a) + tpu(b)
-
-
-def run_python(code, **env):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_unknown_plugin_name():

@@ -1,21 +1,9 @@
 """TORCH_PJRT_EAGER=async (default) and debug; runtime scalars; _foreach_ ops."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import assert_same, make, tpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_python(code, **env):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=120)
-
+from conftest import assert_same, make, tpu, run_python
 
 WAITS = (
     "import torch, torch_pjrt\n"

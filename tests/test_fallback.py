@@ -1,16 +1,12 @@
 """CPU fallback: ops without a lowering run on the CPU, warn once, are counted,
 and TORCH_PJRT_FALLBACK=error turns them into NotImplementedError."""
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, tpu, run_python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Ops chosen because no lowering is planned for them (special functions).
 FALLBACK_OP = "aten::special_zeta.out"
@@ -66,12 +62,6 @@ def test_supported_ops_lists_lowerings_not_fallbacks():
     ops = set(torch_pjrt.supported_ops())
     assert {"add", "mm", "sum"} <= ops
     assert "special_zeta" not in ops and "digamma" not in ops
-
-
-def run_python(code, **env):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_fallback_error_mode_raises_not_implemented():
