@@ -23,3 +23,11 @@ def test_model_trains_like_cpu(kind, metrics_delta):
     assert abs(tpu[-1] - cpu[-1]) / cpu[-1] < 0.03, (tpu[-1], cpu[-1])
     tail = sum(tpu[-3:]) / 3
     assert tail < tpu[0], f"loss did not fall: {tpu[0]:.4f} -> {tail:.4f}"
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_training_on_second_device_matches_first(metrics_delta):
+    first = models.train("cnn", "tpu:0", 3)
+    second = models.train("cnn", "tpu:1", 3)
+    assert second == pytest.approx(first, abs=1e-6)
+    assert metrics_delta()["cpu_fallbacks"] == {}
