@@ -96,3 +96,17 @@ def test_foreach_is_one_program_per_call(metrics_delta):
     before = metrics_delta()["executions"]
     torch._foreach_add_(ps, gs, alpha=0.25)
     assert metrics_delta()["executions"] - before == 1
+
+
+def test_debug_mode_checks_embedding_token_ids():
+    # A token id past the vocabulary: CPU raises IndexError; so does debug mode.
+    code = ("import torch, torch_pjrt\n"
+            "emb = torch.nn.Embedding(10, 4).to('tpu')\n"
+            "try:\n"
+            "    emb(torch.tensor([[1, 12]], device='tpu'))\n"
+            "    print('no error')\n"
+            "except IndexError as e:\n"
+            "    print('IndexError', e)\n")
+    r = run_python(code, TORCH_PJRT_EAGER="debug")
+    assert r.returncode == 0, r.stderr
+    assert "IndexError" in r.stdout and "embedding" in r.stdout and "out of range" in r.stdout

@@ -321,6 +321,13 @@ void cache_put(const std::string& key, std::shared_ptr<Plan> plan) {
   g_cache[key] = std::move(plan);
 }
 
+// Runtime scalars travel as f64, except on TPUs, which have no f64 (there a
+// float64 op's scalar is rounded to f32; f32 and narrower ops are unaffected).
+DType scalar_pack_dtype() {
+  static DType dt = rt().info().platform == "tpu" ? DType::F32 : DType::F64;
+  return dt;
+}
+
 // Per op overload: may float arguments be runtime inputs? Learned from the
 // first build: a lowering that reads a float's value makes it keyed by value.
 enum class FloatMode : char { Unknown, Dynamic, Static };
@@ -456,12 +463,12 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   };
 
   Builder b;
-  // Runtime scalars, one f64 vector parameter.
+  // Runtime scalars, one vector parameter (scalar_pack_dtype).
   std::optional<Value> scalar_pack;
   int64_t n_scalars = 0;
   for (const auto& s : inst.scalars) n_scalars += (!s.from_float_arg || dynamic_floats);
   if (n_scalars > 0) {
-    scalar_pack = b.param(TensorType{DType::F64, {n_scalars}});
+    scalar_pack = b.param(TensorType{scalar_pack_dtype(), {n_scalars}});
     plan->params.push_back(ParamSource{ParamSource::Scalars});
   }
   size_t scalar_cursor = 0;  // into inst.scalars
@@ -817,8 +824,13 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           std::vector<double> host;
           for (const auto& s : inst.scalars)
             if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
-          keep.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64,
-                                               {static_cast<int64_t>(host.size())}, device));
+          int64_t n = static_cast<int64_t>(host.size());
+          if (scalar_pack_dtype() == DType::F32) {
+            std::vector<float> narrow(host.begin(), host.end());
+            keep.push_back(rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device));
+          } else {
+            keep.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64, {n}, device));
+          }
           params.push_back(keep.back()->get());
           break;
         }

@@ -40,6 +40,7 @@ std::vector<Value> embedding(LoweringContext& ctx) {
   const Value& weight = ctx.tensor("weight");
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
+  ctx.check_indices(ctx.tensor("indices"), 0, weight.shape()[0], "index out of range in self");
   return {gather_rows(b, weight, ctx.tensor("indices"))};
 }
 
