@@ -237,3 +237,14 @@ def test_sdpa_takes_the_fused_lowering_for_4d_inputs(metrics_delta):
     assert out.grad_fn.name().startswith("ScaledDotProductFusedAttentionOverrideable")
     out.sum().backward()
     assert q.grad is not None and metrics_delta()["cpu_fallbacks"] == {}
+
+
+def test_fused_sdpa_does_not_wait_for_the_device(metrics_delta):
+    # max_q/max_k are sizes the Meta kernel knows: returned without a device read.
+    q = torch.randn(2, 2, 8, 4, device="tpu")
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)  # compile
+    torch.tpu.synchronize()
+    waits = metrics_delta()["host_waits"]
+    for _ in range(3):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert metrics_delta()["host_waits"] == waits

@@ -267,7 +267,8 @@ c10::IValue to_meta(const c10::IValue& v) {
 // ---- the compiled plan of one op instance --------------------------------------------------
 
 struct ReturnPlan {
-  enum Kind { Fresh, Aliased, HostScalar, Undefined } kind = Fresh;
+  enum Kind { Fresh, Aliased, HostScalar, Constant, Undefined } kind = Fresh;
+  c10::IValue constant;          // Constant: the value itself
   int slot = -1;                 // Aliased: which slot's tensor is returned
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::kFloat;
@@ -754,6 +755,16 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
         ReturnPlan rp;
         rp.kind = ReturnPlan::Undefined;
         plan->returns.push_back(rp);
+      } else if (mv.isInt() && std::all_of(inst.scalars.begin(), inst.scalars.end(),
+                                           [](const ScalarInput& s) { return s.from_float_arg; })) {
+        // An int the Meta kernel computed without data (a size, e.g. fused
+        // attention's max_q): no device read, which would wait for the queue.
+        // (Meta saw no tensor values; ints returned never depend on float
+        // arguments such as dropout_p.)
+        ReturnPlan rp;
+        rp.kind = ReturnPlan::Constant;
+        rp.constant = mv;
+        plan->returns.push_back(rp);
       } else if (!mv.isTensor()) {
         ReturnPlan rp;
         rp.kind = ReturnPlan::HostScalar;
@@ -863,6 +874,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
     switch (rp.kind) {
       case ReturnPlan::Undefined:
         return at::Tensor();
+      case ReturnPlan::Constant:
+        return rp.constant;
       case ReturnPlan::Aliased:
         return inst.slots[rp.slot].tensor;
       case ReturnPlan::Fresh: {
