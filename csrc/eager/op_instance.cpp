@@ -1,0 +1,164 @@
+#include "eager/op_instance.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+#include "device/dtype_map.h"
+
+namespace torch_pjrt::eager {
+
+using device::StorageBuffer;
+using lowering::DType;
+
+lowering::StridedView view_of(const at::Tensor& t) {
+  return lowering::StridedView{t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
+std::string op_display_name(const c10::FunctionSchema& schema) {
+  std::string n = schema.name();
+  if (!schema.overload_name().empty()) n += "." + schema.overload_name();
+  return n;
+}
+
+bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
+namespace {
+
+[[noreturn]] void device_mismatch(const std::string& a, const std::string& b) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+              a, " and ", b, "!");
+}
+
+}  // namespace
+
+std::string tpu_name(int index) { return "tpu:" + std::to_string(index); }
+
+bool is_scalar_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  auto ref = v.toListRef();
+  return !ref.empty() && (ref[0].isDouble() || ref[0].isInt()) && !v.isIntList();
+}
+
+namespace {
+
+void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_output) {
+  if (!t.defined()) {
+    inst.put('U');
+    return;
+  }
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    // _foreach_*.Tensor ops take their per-element scalars as a 1-d CPU tensor.
+    bool scalar_vector = inst.foreach && t.device().is_cpu() && t.dim() == 1 && !pure_output;
+    TORCH_CHECK(t.device().is_cpu() && (t.dim() == 0 || scalar_vector) && !pure_output,
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                inst.device >= 0 ? tpu_name(inst.device) : std::string("tpu"), " and ", t.device(), "!");
+    inst.put('C');
+    inst.put(static_cast<char>(t.scalar_type()));
+    inst.put(static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
+    inst.put(static_cast<int64_t>(t.numel()));
+    at::Tensor flat = t.reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      if (c10::isFloatingType(t.scalar_type())) {
+        // A CPU float scalar is always a runtime input: no recompile per value.
+        inst.scalars.push_back(ScalarInput{flat[i].item().toDouble(), false});
+      } else {
+        inst.put(flat[i].item().toLong());
+      }
+    }
+    return;
+  }
+  int dev = t.device().index();
+  if (inst.device < 0) inst.device = dev;
+  else if (inst.device != dev) device_mismatch(tpu_name(inst.device), tpu_name(dev));
+  StorageBuffer& sb = device::storage_of(t);
+  DType dt = device::to_dtype(t.scalar_type());
+  if (!pure_output && t.numel() > 0) device::ensure_buffer(sb, dt);
+  int storage = -1;
+  for (size_t i = 0; i < inst.storages.size(); ++i)
+    if (inst.storages[i] == &sb) storage = static_cast<int>(i);
+  if (storage < 0) {
+    storage = static_cast<int>(inst.storages.size());
+    inst.storages.push_back(&sb);
+  }
+  inst.slots.push_back(Slot{t, arg_index, pure_output, storage});
+  inst.put('T');
+  inst.put(static_cast<char>(dt));
+  inst.put(t.sizes());
+  inst.put(t.strides());
+  inst.put(t.storage_offset());
+  inst.put(static_cast<int64_t>(sb.nbytes));
+  inst.put(static_cast<char>(sb.buffer ? static_cast<int>(sb.dtype) : -1));
+  inst.put(static_cast<int64_t>(storage));
+}
+
+}  // namespace
+
+void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  inst.put(schema.operator_name().name + "." + schema.overload_name());
+  const auto& sargs = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    bool pure_output = is_write(sargs[i]) && sargs[i].kwarg_only();
+    int ai = static_cast<int>(i);
+    if (v.isTensor()) {
+      add_tensor(inst, v.toTensor(), ai, pure_output);
+    } else if (v.isTensorList()) {
+      inst.put('L');
+      auto list = v.toTensorList();
+      inst.put(static_cast<int64_t>(list.size()));
+      for (const at::Tensor& t : list) add_tensor(inst, t, ai, pure_output);
+    } else if (v.isList() && v.toListRef().size() > 0 &&
+               (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
+      inst.put('O');
+      for (const auto& e : v.toListRef()) add_tensor(inst, e.isNone() ? at::Tensor() : e.toTensor(), ai, false);
+    } else if (v.isNone()) {
+      inst.put('N');
+    } else if (v.isBool()) {
+      inst.put('b');
+      inst.put(static_cast<int64_t>(v.toBool()));
+    } else if (v.isInt()) {
+      inst.put('i');
+      inst.put(v.toInt());
+    } else if (v.isDouble()) {
+      inst.put('d');
+      inst.put_float_arg(v.toDouble());
+    } else if (v.isIntList()) {
+      inst.put('l');
+      inst.put(v.toIntVector());
+    } else if (v.isBoolList()) {
+      inst.put('B');
+      for (bool e : v.toBoolList()) inst.put(static_cast<char>(e));
+    } else if (v.isDoubleList()) {
+      inst.put('f');
+      for (double d : v.toDoubleVector()) inst.put_both(&d, sizeof(d));
+    } else if (is_scalar_list(v)) {
+      inst.put('S');
+      for (const auto& e : v.toListRef()) {
+        if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
+        else if (e.isDouble()) { double d = e.toDouble(); inst.put_both(&d, sizeof(d)); }
+        else inst.put(e.toInt());
+      }
+    } else if (v.isString()) {
+      inst.put('s');
+      inst.put(v.toStringRef());
+    } else if (v.isScalar()) {  // complex
+      TORCH_CHECK_TYPE(false, "torch_pjrt: complex scalars are not supported (", schema.name(), ")");
+    } else if (v.isDevice()) {
+      inst.put('D');
+      if (v.toDevice().type() == c10::DeviceType::PrivateUse1 && inst.device < 0)
+        inst.device = v.toDevice().has_index() ? v.toDevice().index() : -1;
+    } else if (v.isGenerator()) {
+      inst.put('G');  // the key comes in as a program input
+    } else {
+      // Layout, MemoryFormat and other enums arrive as ints above; anything
+      // else is keyed by its printed form.
+      std::ostringstream os;
+      os << v;
+      inst.put('?');
+      inst.put(os.str());
+    }
+  }
+}
+
+}  // namespace torch_pjrt::eager

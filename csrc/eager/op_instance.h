@@ -1,0 +1,70 @@
+// One ATen call on tpu tensors, described for the executor: its tpu tensors
+// (slots) and their distinct storages, its runtime scalars, and the cache keys
+// (with float arguments by value, and as runtime inputs).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string>
+#include <vector>
+
+#include "device/storage.h"
+#include "lowering/strided_access.h"
+
+namespace torch_pjrt::eager {
+
+// Every tpu tensor among the arguments (lists flattened), in order.
+struct Slot {
+  at::Tensor tensor;
+  int arg_index;
+  bool pure_output;  // a keyword-only mutable argument (out=): never read
+  int storage;       // index into `storages`
+};
+
+// A runtime scalar input: a float CPU 0-d tensor (often a wrapped Python
+// number), a float argument, or an element of a _foreach_ scalar list.
+struct ScalarInput {
+  double value;
+  bool from_float_arg;  // a `float`/`Scalar` argument (runtime only in dynamic mode)
+};
+
+struct OpInstance {
+  std::vector<Slot> slots;
+  std::vector<device::StorageBuffer*> storages;  // distinct storages, in first-seen order
+  int device = -1;
+  bool foreach = false;    // _foreach_*: the element op, once per list index, in one program
+  std::string key_static;  // float arguments keyed by value
+  std::string key_dynamic; // float arguments as runtime inputs
+  std::vector<ScalarInput> scalars;
+
+  void put_both(const void* p, size_t n) {
+    key_static.append(static_cast<const char*>(p), n);
+    key_dynamic.append(static_cast<const char*>(p), n);
+  }
+  void put(int64_t v) { put_both(&v, sizeof(v)); }
+  void put(char c) { put_both(&c, 1); }
+  void put(c10::IntArrayRef a) {
+    put(static_cast<int64_t>(a.size()));
+    for (auto v : a) put(v);
+  }
+  void put(const std::string& s) { put_both(s.data(), s.size()); put('\0'); }
+  // A float that is a runtime input in dynamic mode, part of the key otherwise.
+  void put_float_arg(double d) {
+    key_static.append(reinterpret_cast<const char*>(&d), sizeof(d));
+    key_dynamic.push_back('~');
+    scalars.push_back(ScalarInput{d, true});
+  }
+};
+
+bool is_write(const c10::Argument& a);
+std::string tpu_name(int index);
+// A Scalar[] argument (a list of doubles/ints that is not an int[]).
+bool is_scalar_list(const c10::IValue& v);
+// Fills `inst` (set inst.foreach first) from the op's arguments.
+void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args);
+// "aten::add.Tensor"
+std::string op_display_name(const c10::FunctionSchema& schema);
+lowering::StridedView view_of(const at::Tensor& t);
+
+}  // namespace torch_pjrt::eager

@@ -1,0 +1,77 @@
+// The compiled plan of one op instance: where each program parameter comes
+// from, what each return is, which storages the outputs replace. Built once per
+// cache key (plan_build.cpp), run on every call (plan_run.cpp).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eager/op_instance.h"
+#include "lowering/registry.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::eager {
+
+struct ReturnPlan {
+  enum Kind { Fresh, Aliased, HostScalar, Constant, Undefined } kind = Fresh;
+  c10::IValue constant;          // Constant: the value itself
+  int slot = -1;                 // Aliased: which slot's tensor is returned
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::kFloat;
+  int output = -1;               // program output index (Fresh, HostScalar)
+  c10::TypePtr type;             // HostScalar: the schema return type
+};
+
+struct Write {
+  int storage;  // which storage receives program output `output`
+  int output;
+  lowering::DType dtype;
+};
+
+struct Resize {
+  int slot;
+  std::vector<int64_t> sizes;
+};
+
+// Where each program parameter comes from at run time.
+struct ParamSource {
+  enum Kind : char { Storage, Rng, Scalars } kind;
+  int storage = -1;
+  lowering::DType dtype = lowering::DType::F32;
+};
+
+struct Plan {
+  runtime::ExecutablePtr exe;
+  std::string text;
+  std::vector<ParamSource> params;
+  bool dynamic_floats = false;  // float arguments are in the scalar input
+  std::vector<ReturnPlan> returns;
+  std::vector<int> return_arity;  // per schema return: -1 one value, n: a list of n
+  std::vector<Write> writes;
+  std::vector<Resize> resizes;
+  bool read_scalar_value = false;  // the lowering used a runtime scalar's value
+  std::vector<std::pair<int, std::string>> checks;  // debug mode: (bool output, message)
+};
+
+// PyTorch's Meta kernel on meta copies of the arguments (shapes, dtypes,
+// PyTorch's own errors); out= tensors are resized, recorded in `resizes`.
+torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                           OpInstance& inst, std::vector<Resize>* resizes);
+// The program (text, not compiled) of one op instance; `dynamic_floats`:
+// float arguments are runtime inputs.
+std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                            OpInstance& inst, const lowering::LoweringInfo& info,
+                            const std::string& base, const std::string& overload,
+                            const torch::jit::Stack& meta_stack, bool dynamic_floats);
+// Launches the plan's program and replaces the op's arguments by its results.
+void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
+              c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);
+
+bool debug_mode();  // TORCH_PJRT_EAGER=debug
+lowering::DType scalar_pack_dtype();
+
+}  // namespace torch_pjrt::eager

@@ -1,0 +1,119 @@
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "device/dtype_map.h"
+#include "device/generator.h"
+#include "eager/plan.h"
+
+namespace torch_pjrt::eager {
+
+using device::StorageBuffer;
+using lowering::DType;
+
+namespace {
+runtime::Runtime& rt() { return runtime::Runtime::get(); }
+}  // namespace
+
+void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
+              c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs) {
+  int device = inst.device >= 0 ? inst.device : 0;
+  std::vector<runtime::BufferPtr> outputs;
+  if (plan.exe) {
+    std::vector<PJRT_Buffer*> params;
+    std::vector<runtime::BufferPtr> keep;
+    for (const ParamSource& p : plan.params) {
+      switch (p.kind) {
+        case ParamSource::Storage:
+          params.push_back(device::ensure_buffer(*inst.storages[p.storage], p.dtype)->get());
+          break;
+        case ParamSource::Rng: {
+          std::optional<at::Generator> gen;
+          for (const auto& v : args)
+            if (v.isGenerator()) gen = v.toGenerator();
+          auto key = device::next_rng_key(gen, device);
+          int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
+          keep.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
+          params.push_back(keep.back()->get());
+          break;
+        }
+        case ParamSource::Scalars: {
+          std::vector<double> host;
+          for (const auto& s : inst.scalars)
+            if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
+          int64_t n = static_cast<int64_t>(host.size());
+          if (scalar_pack_dtype() == DType::F32) {
+            std::vector<float> narrow(host.begin(), host.end());
+            keep.push_back(rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device));
+          } else {
+            keep.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64, {n}, device));
+          }
+          params.push_back(keep.back()->get());
+          break;
+        }
+      }
+    }
+    outputs = rt().execute(*plan.exe, params, device);
+    if (debug_mode()) {
+      // Wait here, so that a device error names this op (and Python's
+      // traceback points at the line that called it).
+      try {
+        rt().synchronize(device);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "torch_pjrt: ", op_display_name(schema), " failed on ", tpu_name(device), ": ",
+                    e.what());
+      }
+      for (const auto& [output, message] : plan.checks) {
+        bool ok = true;
+        rt().buffer_to_host(*outputs[output], &ok, 1);
+        TORCH_CHECK_INDEX(ok, "torch_pjrt: ", op_display_name(schema), ": ", message);
+      }
+    }
+  }
+  for (const Write& w : plan.writes) {
+    StorageBuffer* sb = inst.storages[w.storage];
+    sb->buffer = outputs[w.output];
+    sb->dtype = w.dtype;
+  }
+  torch::jit::drop(*stack, nargs);
+  auto make_return = [&](const ReturnPlan& rp) -> c10::IValue {
+    switch (rp.kind) {
+      case ReturnPlan::Undefined:
+        return at::Tensor();
+      case ReturnPlan::Constant:
+        return rp.constant;
+      case ReturnPlan::Aliased:
+        return inst.slots[rp.slot].tensor;
+      case ReturnPlan::Fresh: {
+        at::Tensor t = at::empty_strided(
+            rp.sizes, rp.strides,
+            at::TensorOptions().dtype(rp.dtype).device(c10::DeviceType::PrivateUse1, device));
+        if (t.numel() > 0) {
+          StorageBuffer& sb = device::storage_of(t);
+          sb.buffer = outputs[rp.output];
+          sb.dtype = device::to_dtype(rp.dtype);
+        }
+        return t;
+      }
+      case ReturnPlan::HostScalar: {
+        at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
+        rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());
+        if (rp.type->kind() == c10::TypeKind::BoolType) return host.item<bool>();
+        if (rp.type->kind() == c10::TypeKind::IntType) return host.item<int64_t>();
+        return host.item<double>();
+      }
+    }
+    return c10::IValue();
+  };
+  size_t next = 0;
+  for (int arity : plan.return_arity) {
+    if (arity < 0) {
+      stack->push_back(make_return(plan.returns[next++]));
+    } else {
+      c10::List<at::Tensor> list;
+      for (int k = 0; k < arity; ++k) list.push_back(make_return(plan.returns[next++]).toTensor());
+      stack->push_back(std::move(list));
+    }
+  }
+}
+
+}  // namespace torch_pjrt::eager
