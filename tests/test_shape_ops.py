@@ -246,3 +246,12 @@ def test_unfold_backward_overlapping_windows(shape, dim, size, step, metrics_del
     from conftest import check
     check(lambda x: x.unfold(dim, size, step), make(shape))
     assert metrics_delta()["cpu_fallbacks"] == {}
+
+
+def test_repeat_interleave_runs_without_fallback(metrics_delta):
+    from conftest import check
+    check(lambda x: x.repeat_interleave(2, dim=1), make((2, 3, 4)))  # GQA-style key/value repeat
+    check(lambda x: torch.repeat_interleave(x, torch.tensor([1, 0, 3]).to(x.device), dim=0), make((3, 4)))
+    assert torch.equal(torch.repeat_interleave(torch.tensor([2, 1, 3], device="tpu")).cpu(),
+                       torch.repeat_interleave(torch.tensor([2, 1, 3])))
+    assert metrics_delta()["cpu_fallbacks"] == {}

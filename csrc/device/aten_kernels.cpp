@@ -152,6 +152,13 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 // Data-dependent output shapes: computed on the host, as TorchTPU also does.
 at::Tensor nonzero(const at::Tensor& self) { return at::nonzero(self.cpu()).to(self.device()); }
 
+// repeat_interleave(repeats): the indices [0]*r0 + [1]*r1 + ...; their count
+// depends on the data, so they are made on the host like nonzero's (the
+// composite x.repeat_interleave(n, dim) then gathers on the device).
+at::Tensor repeat_interleave_indices(const at::Tensor& repeats, std::optional<int64_t> output_size) {
+  return at::repeat_interleave(repeats.cpu(), output_size).to(repeats.device());
+}
+
 // x[mask]: a bool/uint8 index becomes the long indices of its nonzeros (a
 // host step, like nonzero: the result's shape depends on the data); then the
 // op runs as an ordinary lowered gather.
@@ -235,6 +242,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", _copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("nonzero", nonzero);
+  m.impl("repeat_interleave.Tensor", repeat_interleave_indices);
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&index_with_masks>());
   m.impl("masked_select", masked_select);
   m.impl("set_.source_Storage_storage_offset", set_source_storage);
