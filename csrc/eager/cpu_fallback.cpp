@@ -5,9 +5,9 @@
 #include <ATen/native/CPUFallback.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <mutex>
 
+#include "eager/env.h"
 #include "eager/op_instance.h"
 #include "runtime/pjrt_runtime.h"
 
@@ -18,13 +18,7 @@ std::mutex g_fallback_mutex;
 std::map<std::string, int64_t> g_fallback_counts;
 
 bool fallback_is_error() {
-  static bool error = [] {
-    const char* v = std::getenv("TORCH_PJRT_FALLBACK");
-    std::string mode = v ? v : "cpu";
-    TORCH_CHECK(mode == "cpu" || mode == "error" || mode.empty(),
-                "torch_pjrt: TORCH_PJRT_FALLBACK must be 'cpu' or 'error', got '", mode, "'");
-    return mode == "error";
-  }();
+  static bool error = env_choice("TORCH_PJRT_FALLBACK", "cpu", {"cpu", "error"}) == "error";
   return error;
 }
 

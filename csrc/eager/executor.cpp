@@ -23,7 +23,6 @@
 namespace torch_pjrt::eager {
 
 using device::StorageBuffer;
-using lowering::Arg;
 using lowering::Builder;
 using lowering::DType;
 using lowering::StridedView;

@@ -57,14 +57,17 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
     inst.put(static_cast<char>(t.scalar_type()));
     inst.put(static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
     inst.put(static_cast<int64_t>(t.numel()));
-    at::Tensor flat = t.reshape({-1});
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      if (c10::isFloatingType(t.scalar_type())) {
-        // A CPU float scalar is always a runtime input: no recompile per value.
-        inst.scalars.push_back(ScalarInput{flat[i].item().toDouble(), false});
-      } else {
-        inst.put(flat[i].item().toLong());
-      }
+    // A CPU float scalar is always a runtime input: no recompile per value.
+    bool is_float = c10::isFloatingType(t.scalar_type());
+    auto record = [&](const c10::Scalar& v) {
+      if (is_float) inst.scalars.push_back(ScalarInput{v.toDouble(), false});
+      else inst.put(v.toLong());
+    };
+    if (t.dim() == 0) {
+      record(t.item());  // the common case (x * 0.5): one read, no reshape
+    } else {
+      at::Tensor flat = t.reshape({-1});
+      for (int64_t i = 0; i < flat.numel(); ++i) record(flat[i].item());
     }
     return;
   }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "device/dtype_map.h"
+#include "eager/env.h"
 #include "eager/plan.h"
 
 namespace torch_pjrt::eager {
@@ -27,13 +28,7 @@ DType scalar_pack_dtype() {
 }
 
 bool debug_mode() {
-  static bool debug = [] {
-    const char* v = std::getenv("TORCH_PJRT_EAGER");
-    std::string mode = v ? v : "async";
-    TORCH_CHECK(mode == "async" || mode == "debug" || mode.empty(),
-                "torch_pjrt: TORCH_PJRT_EAGER must be 'async' or 'debug', got '", mode, "'");
-    return mode == "debug";
-  }();
+  static bool debug = env_choice("TORCH_PJRT_EAGER", "async", {"async", "debug"}) == "debug";
   return debug;
 }
 

@@ -1,18 +1,16 @@
 // Attention.
 //
-// F.scaled_dot_product_attention on tpu takes PyTorch's math path today
+// F.scaled_dot_product_attention on tpu takes the fused "overrideable" op for
+// 4-d inputs with equal head counts (device/attention_choice.cpp registers the
+// _fused_sdp_choice stub); other shapes take PyTorch's math path
 // (_scaled_dot_product_attention_math, CompositeImplicitAutograd: mul, bmm,
-// add, native_dropout, _safe_softmax): the fused "overrideable" op is only
-// chosen when the backend registers a _fused_sdp_choice_stub for PrivateUse1.
+// add, native_dropout, _safe_softmax).
 // Lowered here:
-//  - _safe_softmax (used only by SDPA's math path): softmax, except rows that
+//  - _safe_softmax (used by SDPA's math path): softmax, except rows that
 //    are entirely -inf (fully masked queries) give 0 instead of NaN. Its
 //    backward is _softmax_backward_data on the result.
 //  - _scaled_dot_product_fused_attention_overrideable and its _backward: the
-//    whole attention as one program each, ready for when the stub picks
-//    "overrideable" (reachable now through torch.ops.aten directly). It takes
-//    3-D/4-D inputs (PyTorch's Meta kernel) with equal head counts: such a
-//    stub should leave enable_gqa / grouped heads to the math path.
+//    whole attention as one program each.
 #include <cmath>
 #include <limits>
 

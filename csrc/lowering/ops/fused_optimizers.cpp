@@ -3,6 +3,9 @@
 // PyTorch's CPU fused kernels (opmath: float32 for half types; bias corrections
 // in float64). Hyper-parameters are runtime scalars, so a learning-rate
 // schedule compiles nothing new. Every list is written back with ctx.mutate.
+#include <map>
+#include <utility>
+
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -15,6 +18,23 @@ Value hyper(LoweringContext& ctx, const std::string& name, DType dt) {
   if (a.kind == Arg::Tensor) return ctx.b.reshape(ctx.b.convert(a.tensor, dt), {});
   return ctx.b.reshape(ctx.operand(name, dt), {});
 }
+
+// hyper() and scaling() once per (name, dtype), not once per parameter: the
+// program reads each runtime scalar once.
+class Hypers {
+ public:
+  explicit Hypers(LoweringContext& ctx) : ctx_(ctx) {}
+  Value operator()(const std::string& name, DType dt) {
+    auto key = std::make_pair(name, dt);
+    auto it = values_.find(key);
+    if (it == values_.end()) it = values_.emplace(key, hyper(ctx_, name, dt)).first;
+    return it->second;
+  }
+
+ private:
+  LoweringContext& ctx_;
+  std::map<std::pair<std::string, DType>, Value> values_;
+};
 
 // Is the float argument possibly nonzero? Runtime values are assumed to be.
 bool maybe_nonzero(const LoweringContext& ctx, const std::string& name) {
@@ -77,16 +97,19 @@ LowerFn adam(bool decoupled_weight_decay) {
     const Arg& params = ctx.arg("self");
     bool amsgrad = ctx.to_bool("amsgrad", false);
     bool weight_decay = maybe_nonzero(ctx, "weight_decay");
+    Hypers hp(ctx);
+    std::map<DType, Scaling> scalings;
     for (size_t i = 0; i < params.tensors.size(); ++i) {
       const Value& p0 = params.tensors[i];
       DType opmath = math_dtype(p0.dtype());
-      Scaling s = scaling(ctx, opmath);
+      if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
+      const Scaling& s = scalings[opmath];
       Value p = b.convert(p0, opmath);
       Value g = grad_of(ctx, s, i, opmath);
-      Value lr = hyper(ctx, "lr", opmath), beta1 = hyper(ctx, "beta1", opmath),
-            beta2 = hyper(ctx, "beta2", opmath), eps = hyper(ctx, "eps", opmath);
+      Value lr = hp("lr", opmath), beta1 = hp("beta1", opmath), beta2 = hp("beta2", opmath),
+            eps = hp("eps", opmath);
       if (weight_decay) {
-        Value wd = full(b, hyper(ctx, "weight_decay", opmath), p);
+        Value wd = full(b, hp("weight_decay", opmath), p);
         if (decoupled_weight_decay)  // AdamW: param *= 1 - lr * wd
           p = b.binary("subtract", p, b.binary("multiply", b.binary("multiply", full(b, lr, p), wd), p));
         else
@@ -105,9 +128,9 @@ LowerFn adam(bool decoupled_weight_decay) {
       // Bias corrections in float64 from the (already incremented) step.
       Value step = b.reshape(b.convert(element(ctx, "state_steps", i), DType::F64), {});
       Value one64 = b.constant(1.0, DType::F64);
-      Value bc1 = b.binary("subtract", one64, b.binary("power", hyper(ctx, "beta1", DType::F64), step));
-      Value bc2 = b.binary("subtract", one64, b.binary("power", hyper(ctx, "beta2", DType::F64), step));
-      Value step_size = b.convert(b.binary("divide", hyper(ctx, "lr", DType::F64), bc1), opmath);
+      Value bc1 = b.binary("subtract", one64, b.binary("power", hp("beta1", DType::F64), step));
+      Value bc2 = b.binary("subtract", one64, b.binary("power", hp("beta2", DType::F64), step));
+      Value step_size = b.convert(b.binary("divide", hp("lr", DType::F64), bc1), opmath);
       Value bc2_sqrt = b.convert(b.unary("sqrt", bc2), opmath);
       Value second = v;
       if (amsgrad) {
@@ -133,26 +156,29 @@ std::vector<Value> sgd(LoweringContext& ctx) {
   const Arg& bufs = ctx.arg("momentum_buffer_list");
   bool momentum = bufs.kind == Arg::TensorList && !bufs.tensors.empty();
   bool nesterov = ctx.to_bool("nesterov", false), first = ctx.to_bool("is_first_step", false);
+  Hypers hp(ctx);
+  std::map<DType, Scaling> scalings;
   for (size_t i = 0; i < params.tensors.size(); ++i) {
     const Value& p0 = params.tensors[i];
     DType opmath = math_dtype(p0.dtype());
-    Scaling s = scaling(ctx, opmath);
+    if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
+    const Scaling& s = scalings[opmath];
     Value p = b.convert(p0, opmath);
     Value g = grad_of(ctx, s, i, opmath);
-    if (weight_decay) g = b.binary("add", g, b.binary("multiply", full(b, hyper(ctx, "weight_decay", opmath), p), p));
+    if (weight_decay) g = b.binary("add", g, b.binary("multiply", full(b, hp("weight_decay", opmath), p), p));
     if (momentum) {
       const Value& buf0 = bufs.tensors.at(i);
-      Value mu = full(b, hyper(ctx, "momentum", opmath), g);
+      Value mu = full(b, hp("momentum", opmath), g);
       Value buf = g;
       if (!first) {
-        Value damp = b.binary("subtract", b.constant(1.0, opmath), hyper(ctx, "dampening", opmath));
+        Value damp = b.binary("subtract", b.constant(1.0, opmath), hp("dampening", opmath));
         buf = b.binary("add", b.binary("multiply", mu, b.convert(buf0, opmath)),
                        b.binary("multiply", full(b, damp, g), g));
       }
       update(ctx, s, "momentum_buffer_list", i, buf0, buf);
       g = nesterov ? b.binary("add", g, b.binary("multiply", mu, buf)) : buf;
     }
-    p = b.binary("subtract", p, b.binary("multiply", full(b, hyper(ctx, "lr", opmath), p), g));
+    p = b.binary("subtract", p, b.binary("multiply", full(b, hp("lr", opmath), p), g));
     update(ctx, s, "self", i, p0, p);
   }
   return {};
