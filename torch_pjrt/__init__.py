@@ -12,7 +12,7 @@ import torch
 
 from . import _loader, _plugin, _state, device_module
 
-__all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache"]
+__all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", "bucketed", "next_bucket"]
 
 
 def _initialize():
@@ -25,9 +25,20 @@ def _initialize():
     torch._register_device_module("tpu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+    # Module.to("tpu") must keep tied parameters tied (a GPT's embedding and
+    # head). PyTorch's default replaces each module's Parameter by a new one
+    # unless `param.data = ` works, which it refuses between CPU and
+    # PrivateUse1 tensors; swapping the tensors' contents keeps every
+    # Parameter object (PyTorch's announced future default).
+    torch.__future__.set_swap_module_params_on_conversion(True)
 
 
 _initialize()
+
+from . import _compile  # noqa: E402  (needs the extension loaded)
+from .bucketing import bucketed, next_bucket  # noqa: E402,F401
+
+_compile.register()
 
 
 @atexit.register
@@ -43,8 +54,11 @@ def _let_autograd_threads_finish():
 
 def metrics():
     """Counters of this process: xla_compiles, executable_cache_hits, executions,
-    host_to_device_bytes, device_to_host_bytes, ..."""
-    return dict(_state.C.metrics())
+    host_to_device_bytes, device_to_host_bytes, ...; for torch.compile:
+    dynamo_graphs, dynamo_recompiles, compiled_graphs, graph_recompiles, ..."""
+    m = dict(_state.C.metrics())
+    m.update(_compile.COUNTERS)
+    return m
 
 
 def plugin_info():

@@ -14,8 +14,10 @@ int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const 
   bool fused = !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
                at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
                v.scalar_type() == q.scalar_type() && !(is_causal && mask.has_value() && mask->defined());
-  // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only.)
-  if (fused) fused = q.size(1) == k.size(1) && k.size(1) == v.size(1);
+  // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only.) Symbolic
+  // sizes under torch.compile: compare the head counts alone; size() would
+  // specialize every dim, sequence length included, to this call's value.
+  if (fused) fused = q.sym_size(1) == k.sym_size(1) && k.sym_size(1) == v.sym_size(1);
   return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
 }
 

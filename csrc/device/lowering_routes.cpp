@@ -6,7 +6,9 @@
 // (CompositeExplicitAutogradNonFunctional: empty output + out= kernel) are
 // left alone too: their out= form's C++ Meta kernel checks more than the
 // functional form's Python one (e.g. leaky_relu_backward), and routing them
-// saved only ~0.4 us per op.
+// saved only ~0.4 us per op. Ops that take a `device` argument (factories,
+// _to_copy) keep PyTorch's kernels: those move data between devices, which the
+// device glue does; their lowerings serve compiled graphs.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -49,6 +51,9 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
         !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
       continue;
+    bool takes_device = false;
+    for (const auto& a : handle->schema().arguments()) takes_device |= a.name() == "device";
+    if (takes_device) continue;
     std::string full = name + (op_name.overload_name.empty() ? "" : "." + op_name.overload_name);
     library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
     routed.push_back(full);

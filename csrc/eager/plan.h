@@ -72,6 +72,9 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);
 
 bool debug_mode();  // TORCH_PJRT_EAGER=debug
+// _foreach_ ops run their element op per list index; these argument names of
+// the foreach op are also passed under the element op's names.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases();
 lowering::DType scalar_pack_dtype();
 
 }  // namespace torch_pjrt::eager

@@ -64,30 +64,6 @@ c10::IValue to_meta(const c10::IValue& v) {
   return v;
 }
 
-bool is_dense_permutation(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::vector<int64_t>* perm) {
-  std::vector<int64_t> order(sizes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
-  int64_t expected = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    if (sizes[*it] != 1 && strides[*it] != expected) return false;
-    expected *= sizes[*it];
-  }
-  *perm = order;
-  return true;
-}
-
-// _foreach_ ops run their element op; argument names the element op knows.
-const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases() {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> aliases = {
-      {"scalar", {"other", "value", "min", "max"}},
-      {"scalars", {"other", "value", "min", "max"}},
-      {"tensors1", {"end"}},
-      {"weights", {"weight"}},
-  };
-  return aliases;
-}
-
 // Runs a lowering; a dimension or index out of range (std::out_of_range, as
 // wrap_dim throws) becomes PyTorch's IndexError, as on CPU.
 std::vector<Value> call_lowering(const lowering::LoweringInfo& info, lowering::LoweringContext& ctx) {
@@ -99,6 +75,17 @@ std::vector<Value> call_lowering(const lowering::LoweringInfo& info, lowering::L
 }
 
 }  // namespace
+
+// _foreach_ ops run their element op; argument names the element op knows.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> aliases = {
+      {"scalar", {"other", "value", "min", "max"}},
+      {"scalars", {"other", "value", "min", "max"}},
+      {"tensors1", {"end"}},
+      {"weights", {"weight"}},
+  };
+  return aliases;
+}
 
 // PyTorch's own shape, dtype and error checks, on meta tensors; out= tensors
 // are resized to what the meta kernel made of them.
@@ -364,7 +351,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     res = b.convert(res, device::to_dtype(m.scalar_type()));
     if (res.shape() != rp.sizes) res = b.broadcast_to(res, rp.sizes);
     std::vector<int64_t> perm;
-    if (is_dense_permutation(m.sizes(), m.strides(), &perm)) {
+    if (lowering::dense_permutation(m.sizes().vec(), m.strides().vec(), &perm)) {
       rp.strides = m.strides().vec();
       res = b.transpose(res, perm);
     } else {

@@ -164,4 +164,17 @@ Value reinterpret_flat(Builder& b, const Value& flat, DType to) {
   return b.bitcast_convert(grouped, TensorType{to, {m}});
 }
 
+bool dense_permutation(const Shape& sizes, const Shape& strides, std::vector<int64_t>* perm) {
+  std::vector<int64_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  int64_t expected = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (sizes[*it] != 1 && strides[*it] != expected) return false;
+    expected *= sizes[*it];
+  }
+  *perm = order;
+  return true;
+}
+
 }  // namespace torch_pjrt::lowering

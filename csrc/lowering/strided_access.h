@@ -17,6 +17,10 @@ struct StridedView {
   bool is_contiguous() const;
 };
 
+// True when `strides` lay `sizes` out densely in some dim order (a permuted
+// contiguous tensor); `perm` is then that order, outermost first.
+bool dense_permutation(const Shape& sizes, const Shape& strides, std::vector<int64_t>* perm);
+
 // `flat` is rank-1 of the view's dtype.
 Value read_strided(Builder& b, const Value& flat, const StridedView& view);
 // Returns `flat` with the view's elements replaced by `values` (shape = sizes).

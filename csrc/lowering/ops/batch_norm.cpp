@@ -130,8 +130,25 @@ std::vector<Value> native_batch_norm_backward(LoweringContext& ctx) {
   return {grad_input, b.binary("multiply", dotp, invstd), sum};
 }
 
+// The functional forms AOTAutograd leaves in graphs: the updated running
+// stats are results instead of writes (no_training: eval mode, no update).
+std::vector<Value> batch_norm_functional(LoweringContext& ctx) {
+  std::vector<Value> out = native_batch_norm(ctx);
+  for (const char* name : {"running_mean", "running_var"}) {
+    Value v = ctx.tensor(name);
+    for (const auto& m : ctx.mutations)
+      if (m.name == name) v = m.value;
+    out.push_back(v);
+  }
+  ctx.mutations.clear();
+  return out;
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("_native_batch_norm_legit_functional", batch_norm_functional);
+// Eval mode: "training" is absent, so the lowering reads it as false.
+TORCH_PJRT_LOWERING("_native_batch_norm_legit_no_training", native_batch_norm);
 TORCH_PJRT_LOWERING("native_batch_norm", native_batch_norm);
 TORCH_PJRT_LOWERING("native_batch_norm_backward", native_batch_norm_backward);
 

@@ -1,0 +1,187 @@
+#include "graph/graph_program.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "device/dtype_map.h"
+#include "device/generator.h"
+#include "device/storage.h"
+#include "eager/executor.h"
+
+namespace torch_pjrt::graph {
+
+using lowering::Builder;
+using lowering::DType;
+using lowering::StridedView;
+using lowering::TensorType;
+using lowering::Value;
+
+int GraphProgram::add(const Value& v) {
+  values_.push_back(v);
+  return static_cast<int>(values_.size()) - 1;
+}
+
+int GraphProgram::input(int input_index, const TensorType& type) {
+  // Storages hold flat arrays; the program reshapes.
+  Value flat = b_.param(TensorType{type.dtype, {type.numel()}});
+  params_.push_back(ParamSource{ParamSource::Input, input_index});
+  return add(b_.reshape(flat, type.shape));
+}
+
+GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::string& overload,
+                                            std::vector<lowering::Arg> args,
+                                            const std::vector<std::optional<TensorType>>& outputs) {
+  const lowering::LoweringInfo* info = lowering::find_lowering(name, overload);
+  if (!info) throw std::runtime_error("torch_pjrt: no lowering for aten::" + name + "." + overload);
+  std::optional<Value> rng;
+  if (info->needs_rng) {
+    // Each random op draws its own key from the device generator per run,
+    // as the same op would in eager mode.
+    rng = b_.param(TensorType{DType::I64, {2}});
+    params_.push_back(ParamSource{ParamSource::Rng, -1});
+  }
+  lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
+  for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
+  std::vector<Value> res = info->fn(ctx);
+  if (res.size() != outputs.size())
+    throw std::runtime_error("torch_pjrt: lowering of aten::" + name + " produced " + std::to_string(res.size()) +
+                             " results, expected " + std::to_string(outputs.size()));
+  CallResult out;
+  for (size_t i = 0; i < res.size(); ++i) {
+    if (!outputs[i]) {
+      out.results.push_back(std::nullopt);
+      continue;
+    }
+    Value v = b_.convert(res[i], outputs[i]->dtype);
+    if (v.shape() != outputs[i]->shape) v = b_.broadcast_to(v, outputs[i]->shape);
+    out.results.push_back(add(v));
+  }
+  for (const auto& m : ctx.mutations) out.mutations.emplace_back(m.name, m.index, add(m.value));
+  return out;
+}
+
+int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype) {
+  const Value& x = values_.at(base);
+  if (lowering::itemsize(out_dtype) != lowering::itemsize(x.dtype()))
+    throw std::runtime_error("torch_pjrt: a view changing the element size (" + std::string(dtype_name(x.dtype())) +
+                             " -> " + dtype_name(out_dtype) + ") is not supported in compiled graphs");
+  if (lowering::numel(out_view.sizes) == 0) return add(b_.zeros(TensorType{out_dtype, out_view.sizes}));
+  StridedView rel = out_view;
+  Value flat;
+  std::vector<int64_t> perm;
+  int64_t n = lowering::numel(base_view.sizes);
+  if (lowering::dense_permutation(base_view.sizes, base_view.strides, &perm)) {
+    // The base's elements in memory order, from its storage offset on.
+    flat = b_.reshape(b_.transpose(x, perm), {n});
+    rel.offset = out_view.offset - base_view.offset;
+  } else {
+    // An irregular base (gaps, broadcast): lay its elements out in a
+    // zero-filled segment of the storage it spans.
+    int64_t extent = 1;
+    for (size_t d = 0; d < base_view.sizes.size(); ++d)
+      extent += (base_view.sizes[d] - 1) * base_view.strides[d];
+    StridedView bv = base_view;
+    bv.offset = 0;
+    flat = lowering::write_strided(b_, b_.zeros(TensorType{x.dtype(), {extent}}), x, bv);
+    rel.offset = out_view.offset - base_view.offset;
+  }
+  if (out_dtype != x.dtype()) flat = lowering::reinterpret_flat(b_, flat, out_dtype);
+  return add(lowering::read_strided(b_, flat, rel));
+}
+
+std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vector<std::vector<int64_t>>& strides) {
+  std::vector<Value> flat;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Value v = values_.at(outputs[i]);
+    std::vector<int64_t> perm;
+    if (i < strides.size() && strides[i].size() == v.shape().size() &&
+        lowering::dense_permutation(v.shape(), strides[i], &perm))
+      v = b_.transpose(v, perm);
+    flat.push_back(b_.reshape(v, {v.type.numel()}));
+  }
+  return b_.finish(flat);
+}
+
+namespace {
+
+int graph_device(const std::vector<at::Tensor>& inputs) {
+  int device = -1;
+  for (const auto& t : inputs) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) continue;
+    int d = t.device().index() < 0 ? 0 : t.device().index();
+    TORCH_CHECK(device < 0 || device == d, "torch_pjrt: a compiled graph got inputs on tpu:", device, " and tpu:", d,
+                "; move them to one device");
+    device = d;
+  }
+  return device < 0 ? 0 : device;
+}
+
+// A CPU tensor's elements, dense, as a device buffer.
+runtime::BufferPtr upload(const at::Tensor& t, int device) {
+  at::Tensor c = t.contiguous();
+  return runtime::Runtime::get().buffer_from_host(c.data_ptr(), device::to_pjrt(device::to_dtype(c.scalar_type())),
+                                                  {c.numel()}, device);
+}
+
+at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
+  at::Tensor host = at::empty(spec.sizes, at::TensorOptions().dtype(device::to_scalar_type(spec.dtype)));
+  if (host.numel() > 0) runtime::Runtime::get().buffer_to_host(*buffer, host.data_ptr(), host.nbytes());
+  return host;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
+  int device = graph_device(inputs);
+  auto& rt = runtime::Runtime::get();
+  std::vector<runtime::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> params;
+  for (const ParamSource& p : g.params) {
+    if (p.kind == ParamSource::Rng) {
+      auto key = device::next_rng_key(std::nullopt, device);
+      int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
+      keep.push_back(rt.buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
+    } else {
+      const at::Tensor& t = inputs.at(p.input);
+      if (t.device().type() == c10::DeviceType::PrivateUse1) {
+        int d = t.device().index() < 0 ? 0 : t.device().index();
+        keep.push_back(d == device ? eager::materialize(t) : nullptr);
+        TORCH_CHECK(keep.back(), "torch_pjrt: compiled graph input ", p.input, " is on tpu:", d, ", expected tpu:", device);
+      } else {
+        TORCH_CHECK(t.device().is_cpu(), "torch_pjrt: compiled graph input ", p.input, " is on ", t.device(),
+                    "; a tpu graph takes tpu tensors (and CPU scalars)");
+        keep.push_back(upload(t, device));
+      }
+    }
+    params.push_back(keep.back()->get());
+  }
+  std::vector<runtime::BufferPtr> outs = rt.execute(*g.exe, params, device);
+  for (const auto& [input, output] : g.mutations) {
+    const at::Tensor& t = inputs.at(input);
+    if (t.device().is_cpu()) {
+      OutputSpec spec{device::to_dtype(t.scalar_type()), t.sizes().vec(), {}, true, output};
+      t.copy_(download(outs.at(output), spec));
+    } else {
+      eager::assign(t, outs.at(output));
+    }
+  }
+  std::vector<at::Tensor> results;
+  results.reserve(g.outputs.size());
+  for (const OutputSpec& o : g.outputs) {
+    if (o.on_cpu) {
+      results.push_back(download(outs.at(o.program_output), o));
+      continue;
+    }
+    auto options = at::TensorOptions().dtype(device::to_scalar_type(o.dtype)).device(c10::DeviceType::PrivateUse1, device);
+    at::Tensor t = o.strides.empty() ? at::empty(o.sizes, options) : at::empty_strided(o.sizes, o.strides, options);
+    if (t.numel() > 0) {
+      device::StorageBuffer& sb = device::storage_of(t);
+      sb.buffer = outs.at(o.program_output);
+      sb.dtype = o.dtype;
+    }
+    results.push_back(std::move(t));
+  }
+  return results;
+}
+
+}  // namespace torch_pjrt::graph

@@ -1,0 +1,81 @@
+// The torch.compile frontend's program builder: a whole FX graph (ATen ops,
+// after AOTAutograd) becomes ONE StableHLO module, each node lowered by the
+// same registry the eager executor uses. The Python side
+// (torch_pjrt/_compile/lower_graph.py) walks the graph with concrete shapes
+// and calls in here node by node; values are referred to by integer ids.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lowering/registry.h"
+#include "lowering/strided_access.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::graph {
+
+// Where a program parameter comes from at run time.
+struct ParamSource {
+  enum Kind : char { Input, Rng } kind = Input;
+  int input = -1;  // Input: index into the tensors passed to run()
+};
+
+// One result of the compiled graph.
+struct OutputSpec {
+  lowering::DType dtype = lowering::DType::F32;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // a dense layout PyTorch expects (the program writes that order)
+  bool on_cpu = false;  // PyTorch placed this value on the CPU (e.g. an optimizer's step count)
+  int program_output = -1;
+};
+
+class GraphProgram {
+ public:
+  // A tensor graph input (tpu or CPU tensor of `type`), parameter of the program.
+  int input(int input_index, const lowering::TensorType& type);
+  // Runs the lowering of `name.overload`; `args` hold value ids in their
+  // tensor fields' `id` (resolved by resolve_args). Returns one id per result
+  // type (nullopt for undefined results, whose type is absent), followed by
+  // the ids of the lowering's mutations, as (arg name, list index, id).
+  struct CallResult {
+    std::vector<std::optional<int>> results;
+    std::vector<std::tuple<std::string, int, int>> mutations;
+  };
+  CallResult call(const std::string& name, const std::string& overload, std::vector<lowering::Arg> args,
+                  const std::vector<std::optional<lowering::TensorType>>& outputs);
+  // A view (any aliasing ATen op) of value `base`, from the metadata PyTorch
+  // computed for both: the base's layout is rebuilt and the view read from it.
+  int view(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view,
+           lowering::DType out_dtype);
+  const lowering::Value& value(int id) const { return values_.at(id); }
+  lowering::Builder& builder() { return b_; }
+  int add(const lowering::Value& v);
+
+  // Finishes the module with `outputs` as results, flattened as storages hold
+  // them, each in the memory order of its `strides` when those are dense.
+  std::string finish(const std::vector<int>& outputs, const std::vector<std::vector<int64_t>>& strides);
+  const std::vector<ParamSource>& params() const { return params_; }
+
+ private:
+  lowering::Builder b_;
+  std::vector<lowering::Value> values_;
+  std::vector<ParamSource> params_;
+};
+
+// A compiled whole-graph program and how to feed it.
+struct CompiledGraph {
+  runtime::ExecutablePtr exe;
+  std::vector<ParamSource> params;
+  std::vector<OutputSpec> outputs;            // returned to the caller
+  std::vector<std::pair<int, int>> mutations;  // (input index, program output): written back
+};
+
+// Runs `g` on `inputs` (tpu tensors, or CPU tensors for CPU graph inputs):
+// asynchronous unless an output or a mutated input lives on the CPU.
+std::vector<at::Tensor> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs);
+
+}  // namespace torch_pjrt::graph

@@ -1,0 +1,47 @@
+// Constant fills and value copies. Eager builds these from empty + fill_ and
+// its own copy kernels; in compiled graphs (AOTAutograd output) they appear
+// as the factory and copy ops themselves. The result type (dtype, shape)
+// always comes from PyTorch's meta kernel.
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+// full(size, fill_value), full_like(self, fill_value), new_full(self, size, fill_value).
+std::vector<Value> full(LoweringContext& ctx) {
+  return {ctx.b.splat(ctx.scalar("fill_value"), ctx.out())};
+}
+
+std::vector<Value> constant(LoweringContext& ctx, int64_t v) {
+  return {ctx.b.splat(Scalar::from_int(v), ctx.out())};
+}
+
+// scalar_tensor(s): a 0-d tensor of s.
+std::vector<Value> scalar_tensor(LoweringContext& ctx) { return {ctx.b.splat(ctx.scalar("s"), ctx.out())}; }
+
+// clone, _to_copy, lift_fresh_copy...: self's values in the result dtype.
+std::vector<Value> copy_of_self(LoweringContext& ctx) { return {ctx.b.convert(ctx.tensor("self"), ctx.out().dtype)}; }
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("full", full);
+TORCH_PJRT_LOWERING("full_like", full);
+TORCH_PJRT_LOWERING("new_full", full);
+TORCH_PJRT_LOWERING("scalar_tensor", scalar_tensor);
+TORCH_PJRT_LOWERING("zeros", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("zeros_like", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("new_zeros", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("ones", [](LoweringContext& c) { return constant(c, 1); });
+TORCH_PJRT_LOWERING("ones_like", [](LoweringContext& c) { return constant(c, 1); });
+TORCH_PJRT_LOWERING("new_ones", [](LoweringContext& c) { return constant(c, 1); });
+// Uninitialized memory: any value is correct; zeros are deterministic.
+TORCH_PJRT_LOWERING("empty", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("empty_like", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("empty_strided", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("new_empty", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("new_empty_strided", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("clone", copy_of_self);
+TORCH_PJRT_LOWERING("_to_copy", copy_of_self);
+TORCH_PJRT_LOWERING("lift_fresh_copy", copy_of_self);
+
+}  // namespace torch_pjrt::lowering::ops

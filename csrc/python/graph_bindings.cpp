@@ -1,0 +1,159 @@
+// Python bindings of the graph frontend (csrc/graph): the FX-graph walker in
+// torch_pjrt/_compile/lower_graph.py builds a GraphProgram node by node.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "device/dtype_map.h"
+#include "eager/plan.h"
+#include "graph/graph_program.h"
+#include "python/graph_bindings.h"
+
+namespace py = pybind11;
+
+namespace torch_pjrt::python {
+namespace {
+
+using lowering::Arg;
+using lowering::DType;
+using lowering::TensorType;
+
+lowering::StridedView strided(const py::tuple& t) {
+  return lowering::StridedView{t[0].cast<std::vector<int64_t>>(), t[1].cast<std::vector<int64_t>>(),
+                               t[2].cast<int64_t>()};
+}
+
+lowering::Scalar number(const py::handle& v) {
+  if (py::isinstance<py::bool_>(v)) return lowering::Scalar::from_bool(v.cast<bool>());
+  if (py::isinstance<py::int_>(v)) return lowering::Scalar::from_int(v.cast<int64_t>());
+  return lowering::Scalar::from_float(v.cast<double>());
+}
+
+// (name, kind, payload) from the walker -> the registry's Arg. Kinds: none, t
+// (value id), wn (a Python number passed as a Tensor), tl, otl, i, f, b, il,
+// fl, s, dt, other.
+Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
+  Arg a;
+  a.name = spec[0].cast<std::string>();
+  std::string kind = spec[1].cast<std::string>();
+  py::handle p = spec[2];
+  if (kind == "none") {
+    a.kind = Arg::None;
+  } else if (kind == "t") {
+    a.kind = Arg::Tensor;
+    a.tensor = prog.value(p.cast<int>());
+  } else if (kind == "wn") {
+    lowering::Scalar s = number(p);
+    a.kind = Arg::Tensor;
+    a.wrapped_number = true;
+    a.tensor = prog.builder().constant(s, s.natural_dtype());
+  } else if (kind == "tl") {
+    a.kind = Arg::TensorList;
+    for (auto id : p) a.tensors.push_back(prog.value(id.cast<int>()));
+  } else if (kind == "otl") {
+    a.kind = Arg::OptTensorList;
+    for (auto id : p)
+      a.opt_tensors.push_back(id.is_none() ? std::nullopt : std::optional<lowering::Value>(prog.value(id.cast<int>())));
+  } else if (kind == "i" || kind == "f" || kind == "b") {
+    a.scalar = number(p);
+    a.kind = a.scalar.kind == lowering::Scalar::Float ? Arg::Float
+             : a.scalar.kind == lowering::Scalar::Bool ? Arg::Bool
+                                                       : Arg::Int;
+  } else if (kind == "il") {
+    a.kind = Arg::IntList;
+    for (auto v : p) a.ints.push_back(v.cast<int64_t>());
+  } else if (kind == "fl") {
+    a.kind = Arg::FloatList;
+    for (auto v : p) a.floats.push_back(v.cast<double>());
+  } else if (kind == "s") {
+    a.kind = Arg::String;
+    a.str = p.cast<std::string>();
+  } else if (kind == "dt") {
+    a.kind = Arg::ScalarType;
+    a.dtype = device::to_dtype(p.cast<at::ScalarType>());
+  } else if (kind == "other") {
+    a.kind = Arg::Other;
+  } else {
+    throw std::invalid_argument("torch_pjrt: unknown graph argument kind '" + kind + "'");
+  }
+  return a;
+}
+
+std::optional<TensorType> tensor_type(const py::handle& spec) {
+  if (spec.is_none()) return std::nullopt;
+  auto t = spec.cast<py::tuple>();
+  return TensorType{device::to_dtype(t[0].cast<at::ScalarType>()), t[1].cast<std::vector<int64_t>>()};
+}
+
+}  // namespace
+
+void bind_graph(py::module& m) {
+  using graph::GraphProgram;
+  py::class_<GraphProgram>(m, "GraphProgram")
+      .def(py::init<>())
+      .def("input", [](GraphProgram& g, int index, py::tuple type) { return g.input(index, *tensor_type(type)); })
+      .def("call",
+           [](GraphProgram& g, const std::string& name, const std::string& overload, const py::list& args,
+              const py::list& outputs) {
+             std::vector<Arg> converted;
+             for (auto a : args) converted.push_back(to_arg(g, a.cast<py::tuple>()));
+             std::vector<std::optional<TensorType>> outs;
+             for (auto o : outputs) outs.push_back(tensor_type(o));
+             auto r = g.call(name, overload, std::move(converted), outs);
+             return py::make_tuple(r.results, r.mutations);
+           })
+      .def("view",
+           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, at::ScalarType dtype) {
+             return g.view(base, strided(base_view), strided(out_view), device::to_dtype(dtype));
+           })
+      .def("convert",
+           [](GraphProgram& g, int id, at::ScalarType dtype, std::vector<int64_t> shape) {
+             auto& b = g.builder();
+             lowering::Value v = b.convert(g.value(id), device::to_dtype(dtype));
+             if (v.shape() != shape) v = b.broadcast_to(v, shape);
+             return g.add(v);
+           })
+      .def("constant",
+           [](GraphProgram& g, py::handle value, at::ScalarType dtype) {
+             return g.add(g.builder().constant(number(value), device::to_dtype(dtype)));
+           })
+      .def("type", [](GraphProgram& g, int id) {
+        const auto& t = g.value(id).type;
+        return py::make_tuple(device::to_scalar_type(t.dtype), t.shape);
+      })
+      .def("finish", &GraphProgram::finish)
+      .def("num_params", [](GraphProgram& g) { return g.params().size(); });
+
+  py::class_<graph::CompiledGraph, std::shared_ptr<graph::CompiledGraph>>(m, "CompiledGraph")
+      .def(py::init([](GraphProgram& prog, const std::string& text, const py::list& outputs,
+                       const std::vector<std::pair<int, int>>& mutations) {
+        auto cg = std::make_shared<graph::CompiledGraph>();
+        {
+          py::gil_scoped_release release;
+          cg->exe = runtime::Runtime::get().compile(text);
+        }
+        cg->params = prog.params();
+        for (auto o : outputs) {
+          auto t = o.cast<py::tuple>();
+          graph::OutputSpec spec;
+          spec.dtype = device::to_dtype(t[0].cast<at::ScalarType>());
+          spec.sizes = t[1].cast<std::vector<int64_t>>();
+          spec.strides = t[2].cast<std::vector<int64_t>>();
+          spec.on_cpu = t[3].cast<bool>();
+          spec.program_output = t[4].cast<int>();
+          cg->outputs.push_back(spec);
+        }
+        cg->mutations = mutations;
+        return cg;
+      }))
+      .def("run", &graph::run);
+
+  m.def("foreach_aliases", &eager::foreach_aliases);
+  m.def("find_lowering", [](const std::string& name, const std::string& overload) -> py::object {
+    const auto* info = lowering::find_lowering(name, overload);
+    if (!info) return py::none();
+    return py::make_tuple(info->family, info->needs_rng);
+  });
+}
+
+}  // namespace torch_pjrt::python

@@ -1,0 +1,82 @@
+"""The "tpu" backend of torch.compile: Dynamo captures a graph, AOTAutograd
+splits it into forward and backward ATen graphs (functional, with PyTorch's
+decompositions for ops the registry has no lowering for), and each becomes one
+CompiledGraphFn."""
+import functools
+import itertools
+
+import torch
+
+from .. import _state
+from . import stats
+from .graph_fn import CompiledGraphFn, _describe_change
+
+_graph_ids = itertools.count()
+_frames = {}  # Dynamo frame id -> signature of the example tensors it last captured
+
+
+def _has_lowering(op):
+    name = op._schema.name.split("::")[1]
+    if _state.C.find_lowering(name, op._schema.overload_name) is not None:
+        return True
+    if name.startswith("_foreach_"):
+        return _state.C.find_lowering(name[9:].rstrip("_"), op._schema.overload_name) is not None
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions():
+    """PyTorch's core ATen decompositions, for the ops the registry does not
+    lower itself (a lowering is preferred: it is usually one fused op)."""
+    from torch._decomp import core_aten_decompositions
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        if isinstance(op, torch._ops.OpOverload) and not _has_lowering(op):
+            table[op] = fn
+    return table
+
+
+def _dim(d):
+    return str(d.node.expr) if isinstance(d, torch.SymInt) else str(d)  # "s75" for a dynamic size
+
+
+def _note_capture(example_inputs):
+    """Counts Dynamo's graphs; a second graph for one frame is a recompile."""
+    stats.COUNTERS["dynamo_graphs"] += 1
+    from torch._guards import CompileContext
+    cid = CompileContext.current_compile_id()
+    # Tensors only: a recompile that makes a size dynamic adds SymInt inputs.
+    sig = tuple(("tensor", tuple(_dim(d) for d in a.shape), a.dtype, str(a.device))
+                for a in example_inputs if isinstance(a, torch.Tensor))
+    if cid is None:
+        return
+    frame = cid.frame_id
+    if frame in _frames and cid.frame_compile_id:
+        stats.COUNTERS["dynamo_recompiles"] += 1
+        stats.log("recompiles", f"Dynamo recompiled frame {frame} (#{cid.frame_compile_id}): "
+                  f"{_describe_change(_frames[frame], sig, [])} "
+                  "(Dynamo now traces the changed sizes as dynamic where it can; "
+                  "TORCH_LOGS=recompiles names the failed guard)")
+    _frames[frame] = sig
+
+
+def tpu_backend(gm, example_inputs, **options):
+    from torch._dynamo.backends.common import aot_autograd
+    _note_capture(example_inputs)
+    gid = next(_graph_ids)
+
+    def compiler(kind):
+        def compile_graph(fx_graph, _inputs):
+            return CompiledGraphFn(fx_graph, f"{kind}{gid}")
+        return compile_graph
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        inference_compiler=compiler("inference"), decompositions=decompositions(),
+                        keep_inference_input_mutations=True)(gm, example_inputs)
+
+
+def register():
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+    if "tpu" not in _COMPILER_FNS:
+        register_backend(tpu_backend, name="tpu")

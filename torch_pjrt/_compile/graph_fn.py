@@ -1,0 +1,122 @@
+"""A compiled FX graph: one XLA executable per input signature.
+
+AOTAutograd calls this with real tpu tensors (boxed: one list). The first
+call with a new signature (shapes, dtypes, devices, int values) lowers the
+graph for those shapes and compiles it; later calls with that signature run
+the executable at once.
+"""
+import time
+import warnings
+
+import torch
+
+from .. import _state
+from . import stats
+from .lower_graph import Unsupported, lower_graph
+
+_warned_ops = set()
+
+
+def _signature(args):
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append(("tensor", tuple(a.shape), a.dtype, str(a.device)))
+        else:
+            sig.append(("value", type(a).__name__, a))
+    return tuple(sig)
+
+
+def _describe_change(old, new, names):
+    changes = []
+    for i, (o, n) in enumerate(zip(old, new)):
+        if o == n:
+            continue
+        label = f"input {i} ({names[i]})" if i < len(names) else f"tensor input {i}"
+        if o[0] == "tensor" and n[0] == "tensor":
+            for what, k in (("shape", 1), ("dtype", 2), ("device", 3)):
+                if o[k] != n[k]:
+                    changes.append(f"{label} {what} {_fmt(o[k])} -> {_fmt(n[k])}")
+        else:
+            changes.append(f"{label} {_fmt(o[-1])} -> {_fmt(n[-1])}")
+    if len(old) != len(new):
+        changes.append(f"number of inputs {len(old)} -> {len(new)}")
+    return "; ".join(changes) or "no input changed (guards)"
+
+
+def _fmt(v):
+    return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, tuple) else str(v)
+
+
+def _unpack(outs, entry):
+    kind = entry[0]
+    if kind == "t":
+        return outs[entry[1]]
+    if kind == "v":
+        _, k, size, stride, offset = entry
+        base = outs[k]
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+    return entry[1]
+
+
+class CompiledGraphFn:
+    def __init__(self, gm, name):
+        # AOTAutograd passes one list, which we clear. (An instance attribute:
+        # the wrappers AOTAutograd puts around a backward copy only __dict__.)
+        self._boxed_call = True
+        self.gm = gm
+        self.name = name
+        self.entries = {}  # signature -> C.CompiledGraph, or None: run eagerly
+        self.last_signature = None
+        self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+    def __call__(self, *args):
+        # Boxed (one list, which we clear to free inputs early) or, when a
+        # wrapper dropped the _boxed_call mark, positional.
+        args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        sig = _signature(args)
+        entry = self.entries.get(sig, False)
+        if entry is False:
+            entry = self._compile(args, sig)
+        self.last_signature = sig
+        if entry is None:
+            stats.COUNTERS["eager_graph_fallbacks"] += 1
+            result = self.gm(*args)
+            args.clear()
+            return result
+        cg, lowered = entry
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        args.clear()
+        outs = cg.run(tensors)
+        stats.COUNTERS["compiled_graph_runs"] += 1
+        return [_unpack(outs, t) for t in lowered.output_template]
+
+    def _compile(self, args, sig):
+        t0 = time.perf_counter()
+        compiles0 = _state.C.metrics()["xla_compiles"]
+        try:
+            lowered = lower_graph(self.gm, args)
+        except Unsupported as e:
+            if e.op not in _warned_ops:
+                _warned_ops.add(e.op)
+                warnings.warn(f"torch_pjrt: graph '{self.name}' runs op by op (eager): cannot lower {e}",
+                              stacklevel=3)
+            self.entries[sig] = None
+            return None
+        t1 = time.perf_counter()
+        cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations)
+        t2 = time.perf_counter()
+        stats.COUNTERS["compiled_graphs"] += 1
+        stats.COUNTERS["graph_compile_seconds"] += t2 - t0
+        xla = _state.C.metrics()["xla_compiles"] - compiles0
+        cost = (f"{t2 - t0:.3f} s (lowering {t1 - t0:.3f} s, "
+                f"{'XLA compile' if xla else 'loaded from the persistent cache'} {t2 - t1:.3f} s)")
+        if self.entries:
+            stats.COUNTERS["graph_recompiles"] += 1
+            prev = self.last_signature or next(iter(self.entries))
+            stats.log("recompiles", f"graph '{self.name}' recompiled: {_describe_change(prev, sig, self.placeholders)}; "
+                      f"cost {cost}; {len(self.entries) + 1} versions")
+        stats.log("graphs", f"graph '{self.name}' compiled: {len(self.gm.graph.nodes)} nodes, cost {cost}")
+        entry = (cg, lowered)
+        self.entries[sig] = entry
+        return entry

@@ -1,0 +1,299 @@
+"""One FX graph (ATen ops, as AOTAutograd hands it over) -> one StableHLO module.
+
+The graph is walked with concrete input shapes: each node's op runs on meta
+tensors (PyTorch's own shape/dtype inference, SymInts already resolved to this
+call's ints) and is lowered by the C++ lowering registry, the same one eager
+uses. Views become reads of the base's layout; `_foreach_` ops run their
+element lowering per list index; an op without a lowering but with a PyTorch
+decomposition is traced into ATen ops and walked in turn.
+"""
+import operator
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .. import _state
+
+
+class Unsupported(Exception):
+    """The graph holds an op the lowering registry cannot build; names the op."""
+
+    def __init__(self, op, why):
+        super().__init__(f"{op}: {why}")
+        self.op = str(op)
+
+
+class _Val:
+    """A tensor value of the program: its id and PyTorch's meta tensor for it."""
+    __slots__ = ("id", "meta", "input_index", "root")
+
+    def __init__(self, id, meta, input_index=None, root=None):
+        self.id, self.meta, self.input_index = id, meta, input_index
+        self.root = root  # views: the value whose storage they view
+
+
+class Lowered:
+    """The program text plus what the runner needs to feed and unpack it."""
+
+    def __init__(self, prog, text, outputs, output_template, mutations):
+        self.prog, self.text = prog, text
+        self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
+        self.output_template = output_template   # graph outputs: ("t", k) or ("c", constant)
+        self.mutations = mutations               # [(input index, program output)]
+
+
+_META = torch.device("meta")
+
+
+def _is_view(schema):
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def _mutates(schema):
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _strided(t):
+    return (list(t.shape), list(t.stride()), t.storage_offset())
+
+
+def _is_dense(t):
+    """Non-overlapping and dense: a permutation of a contiguous layout."""
+    strides = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in strides:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _type(t):
+    return (t.dtype, list(t.shape))
+
+
+class _Walker:
+    def __init__(self):
+        self.C = _state.C
+        self.prog = self.C.GraphProgram()
+        self.mutations = {}  # input index -> value id
+
+    # ---- argument packing (schema order, as the registry expects) ----
+    def pack(self, schema, args, kwargs):
+        packed = []
+        for i, a in enumerate(schema.arguments):
+            if i < len(args) and not a.kwarg_only:
+                v = args[i]
+            elif a.name in kwargs:
+                v = kwargs[a.name]
+            elif a.has_default_value():
+                v = a.default_value
+            else:
+                v = None
+            packed.append(self.pack_one(a, v))
+        return packed
+
+    def pack_one(self, a, v):
+        name, t = a.name, str(a.type)
+        if v is None:
+            return (name, "none", None)
+        if isinstance(v, _Val):
+            return (name, "t", v.id)
+        if isinstance(v, (list, tuple)):
+            if any(isinstance(e, _Val) for e in v) or t.startswith("Tensor") or t.startswith("List[Tensor"):
+                if "Optional[Tensor]" in t or "Tensor?" in t:
+                    return (name, "otl", [None if e is None else e.id for e in v])
+                return (name, "tl", [e.id for e in v])
+            if all(isinstance(e, bool) for e in v):
+                return (name, "il", [int(e) for e in v])
+            if all(isinstance(e, int) for e in v):
+                return (name, "il", list(v))
+            return (name, "fl", [float(e) for e in v])
+        if isinstance(v, torch.dtype):
+            return (name, "dt", v)
+        if isinstance(v, bool):
+            return (name, "b", v)
+        if isinstance(v, (int, float)):
+            if t.startswith("Tensor"):
+                return (name, "wn", v)
+            return (name, "i" if isinstance(v, int) else "f", v)
+        if isinstance(v, str):
+            return (name, "s", v)
+        return (name, "other", None)  # device, layout, memory_format, generator
+
+    # ---- node kinds ----
+    def call_op(self, op, args, kwargs, node_val):
+        schema = op._schema
+        ns, name = schema.name.split("::")
+        overload = schema.overload_name
+        if name == "copy_":
+            return self.copy_into_input(args[0], args[1])
+        if not schema.returns and not _mutates(schema):
+            return None  # assertions (_assert_tensor_metadata, ...): PyTorch checked them
+        metas = tree_map(lambda v: v.meta if isinstance(v, _Val) else (_META if isinstance(v, torch.device) else v),
+                         (args, kwargs))
+        try:
+            out_meta = op(*metas[0], **metas[1])
+        except Exception as e:  # noqa: BLE001 - re-raised with the op's name
+            raise Unsupported(op, f"shape inference failed: {e}") from e
+        if _is_view(schema):
+            return self.view(schema, args, out_meta)
+        if _mutates(schema):
+            raise Unsupported(op, "mutates an argument (graphs are expected functional)")
+        if not any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type) for r in schema.returns):
+            return out_meta  # sizes and other host values
+        if self.C.find_lowering(name, overload) is not None:
+            return self.lower(schema, name, overload, args, kwargs, out_meta)
+        if name.startswith("_foreach_") and self.C.find_lowering(name[9:].rstrip("_"), overload) is not None:
+            return self.foreach(schema, name[9:].rstrip("_"), overload, args, kwargs, out_meta)
+        return self.decompose(op, args, kwargs)
+
+    def lower(self, schema, name, overload, args, kwargs, out_meta):
+        single = isinstance(out_meta, torch.Tensor)
+        metas = [out_meta] if single else list(out_meta)
+        types = [_type(m) if isinstance(m, torch.Tensor) else None for m in metas]
+        ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types)
+        if mutations:
+            raise Unsupported(f"aten::{name}", "its lowering writes an argument")
+        vals = [None if i is None else _Val(i, m) for i, m in zip(ids, metas)]
+        return vals[0] if single else tuple(vals)
+
+    def foreach(self, schema, elem, overload, args, kwargs, out_meta):
+        packed = self.pack(schema, args, kwargs)
+        n = len(next(p[2] for p in packed if p[1] == "tl"))
+        aliases = dict(self.C.foreach_aliases())
+        results = []
+        for e in range(n):
+            elem_args = []
+            for name, kind, payload in packed:
+                if kind in ("tl", "fl", "il") and len(payload) == n and name not in ("size", "dim"):
+                    kind, payload = {"tl": "t", "fl": "f", "il": "i"}[kind], payload[e]
+                for alias in [name] + aliases.get(name, []):
+                    elem_args.append((alias, kind, payload))
+            m = out_meta[e]
+            ids, mutations = self.prog.call(elem, overload, elem_args, [_type(m)])
+            results.append(_Val(ids[0], m))
+        return results
+
+    def decompose(self, op, args, kwargs):
+        from torch._decomp import decomposition_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+        fn = decomposition_table.get(op)
+        if fn is None:
+            raise Unsupported(op, "no lowering and no PyTorch decomposition")
+        flat, spec = tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(flat) if isinstance(x, _Val)]
+
+        def traced(*metas):
+            f = list(flat)
+            for i, m in zip(where, metas):
+                f[i] = m
+            a, k = tree_unflatten(f, spec)
+            return fn(*a, **k)
+
+        sub = make_fx(traced)(*[flat[i].meta for i in where])
+        return self.walk(sub.graph, [flat[i] for i in where])
+
+    def view(self, schema, args, out_meta):
+        base_pos = next(i for i, a in enumerate(schema.arguments) if a.alias_info is not None)
+        base = args[base_pos]
+
+        def one(m):
+            return _Val(self.prog.view(base.id, _strided(base.meta), _strided(m), m.dtype), m,
+                        root=base.root or base)
+        if isinstance(out_meta, torch.Tensor):
+            return one(out_meta)
+        return [one(m) for m in out_meta]
+
+    def copy_into_input(self, dst, src):
+        if not isinstance(dst, _Val) or dst.input_index is None:
+            raise Unsupported("aten::copy_", "writes a value that is not a graph input")
+        new = self.prog.convert(src.id if isinstance(src, _Val) else self.prog.constant(src, dst.meta.dtype),
+                                dst.meta.dtype, list(dst.meta.shape))
+        self.mutations[dst.input_index] = new
+        return _Val(new, dst.meta, dst.input_index)
+
+    # ---- the walk ----
+    def walk(self, graph, inputs):
+        """Walks `graph` with `inputs` for its placeholders (values or host
+        constants); returns the structure of its output node."""
+        env = {}
+        it = iter(inputs)
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(it)
+            elif node.op == "call_function":
+                a, k = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, (node.args, node.kwargs))
+                target = node.target
+                if isinstance(target, torch._ops.OpOverload):
+                    env[node] = self.call_op(target, a, k, node.meta.get("val"))
+                elif target is operator.getitem:
+                    env[node] = a[0][a[1]]
+                elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
+                    raise Unsupported(target, "a Python function on tensors inside the graph")
+                else:
+                    env[node] = target(*a, **k)  # SymInt arithmetic, now on ints
+            elif node.op == "output":
+                return tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0])
+            else:
+                raise Unsupported(node.op, f"FX node kind '{node.op}' ({node.target})")
+        raise Unsupported("graph", "no output node")
+
+
+def lower_graph(gm, args):
+    """Lowers GraphModule `gm` for the concrete `args` (tensors and host
+    scalars, one per placeholder). Program input k is the k-th tensor of args."""
+    w = _Walker()
+    inputs = []
+    k = 0
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            vid = w.prog.input(k, _type(a))
+            meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=_META)
+            inputs.append(_Val(vid, meta, k))
+            k += 1
+        else:
+            inputs.append(a)
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            raise Unsupported("get_attr", f"graph attribute {node.target}")
+    result = w.walk(graph, inputs)
+    out_nodes = list(graph.nodes)[-1].args[0]
+    out_ids, template, outputs = [], [], []
+    storage_output = {}  # value id -> index into outputs
+
+    def add_output(v, layout, on_cpu):
+        if v.id not in storage_output:
+            strides = list(layout.stride()) if _is_dense(layout) else []
+            outputs.append((v.meta.dtype, list(v.meta.shape), strides, on_cpu, len(out_ids)))
+            out_ids.append(v.id)
+            storage_output[v.id] = len(outputs) - 1
+        return storage_output[v.id]
+
+    for r, n in zip(result, out_nodes):
+        if not isinstance(r, _Val):
+            template.append(("c", r))
+            continue
+        fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
+        # The layout PyTorch traced matters: later graphs' views depend on it.
+        # Static fake strides are that layout; else the walk's metas agree.
+        layout = r.meta
+        if (isinstance(fake, torch.Tensor) and fake.shape == r.meta.shape
+                and all(isinstance(st, int) for st in fake.stride())):
+            layout = fake
+        if not _is_dense(layout) and r.root is not None and _is_dense(r.root.meta) and not on_cpu:
+            # A view saved for backward (e.g. q of a split qkv): return its
+            # base's storage and the same view of it.
+            k = add_output(r.root, r.root.meta, False)
+            template.append(("v", k, list(layout.shape), list(layout.stride()),
+                             layout.storage_offset() - r.root.meta.storage_offset()))
+        else:
+            template.append(("t", add_output(r, layout, on_cpu)))
+    mutations = []
+    for input_index, vid in w.mutations.items():
+        mutations.append((input_index, len(out_ids)))
+        out_ids.append(vid)
+    text = w.prog.finish(out_ids, [o[2] for o in outputs])
+    return Lowered(w.prog, text, outputs, template, mutations)
