@@ -8,6 +8,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The persistent executable cache stays at its default (the user cache dir,
+# see torch_pjrt/cache.py) on purpose: a rerun loads what earlier runs compiled
+# (about twice as fast). TORCH_PJRT_CACHE_DIR="" makes a run compile everything;
+# tests/test_persistent_cache.py uses directories of its own.
 import torch_pjrt  # noqa: E402,F401  (registers the tpu device)
 
 DEVICE = "tpu"

@@ -1,6 +1,9 @@
 #include "graph/graph_program.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
 #include <c10/util/Exception.h>
 
 #include "device/dtype_map.h"
@@ -26,6 +29,30 @@ int GraphProgram::input(int input_index, const TensorType& type) {
   Value flat = b_.param(TensorType{type.dtype, {type.numel()}});
   params_.push_back(ParamSource{ParamSource::Input, input_index});
   return add(b_.reshape(flat, type.shape));
+}
+
+std::vector<int> GraphProgram::cpu_inputs(const std::vector<std::pair<int, TensorType>>& inputs) {
+  std::vector<int> ids(inputs.size(), -1);
+  std::vector<DType> dtypes;
+  for (const auto& in : inputs)
+    if (std::find(dtypes.begin(), dtypes.end(), in.second.dtype) == dtypes.end()) dtypes.push_back(in.second.dtype);
+  for (DType dt : dtypes) {
+    ParamSource src{ParamSource::CpuPack, -1, {}, dt};
+    int64_t total = 0;
+    for (const auto& in : inputs)
+      if (in.second.dtype == dt) total += in.second.numel();
+    Value pack = b_.param(TensorType{dt, {total}});
+    int64_t at = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const TensorType& t = inputs[i].second;
+      if (t.dtype != dt) continue;
+      src.inputs.push_back(inputs[i].first);
+      ids[i] = add(b_.reshape(b_.slice(pack, {at}, {at + t.numel()}), t.shape));
+      at += t.numel();
+    }
+    params_.push_back(src);
+  }
+  return ids;
 }
 
 GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::string& overload,
@@ -137,7 +164,11 @@ std::vector<at::Tensor> run(const CompiledGraph& g, const std::vector<at::Tensor
   std::vector<runtime::BufferPtr> keep;
   std::vector<PJRT_Buffer*> params;
   for (const ParamSource& p : g.params) {
-    if (p.kind == ParamSource::Rng) {
+    if (p.kind == ParamSource::CpuPack) {
+      std::vector<at::Tensor> parts;
+      for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
+      keep.push_back(upload(at::cat(parts), device));
+    } else if (p.kind == ParamSource::Rng) {
       auto key = device::next_rng_key(std::nullopt, device);
       int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
       keep.push_back(rt.buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));

@@ -20,8 +20,10 @@ namespace torch_pjrt::graph {
 
 // Where a program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Input, Rng } kind = Input;
-  int input = -1;  // Input: index into the tensors passed to run()
+  enum Kind : char { Input, Rng, CpuPack } kind = Input;
+  int input = -1;           // Input: index into the tensors passed to run()
+  std::vector<int> inputs;  // CpuPack: CPU inputs of one dtype, concatenated
+  lowering::DType dtype = lowering::DType::F32;
 };
 
 // One result of the compiled graph.
@@ -37,6 +39,9 @@ class GraphProgram {
  public:
   // A tensor graph input (tpu or CPU tensor of `type`), parameter of the program.
   int input(int input_index, const lowering::TensorType& type);
+  // CPU tensor inputs (scalars such as step counts): one parameter per dtype
+  // holding them all, so a run makes one transfer per dtype, not one each.
+  std::vector<int> cpu_inputs(const std::vector<std::pair<int, lowering::TensorType>>& inputs);
   // Runs the lowering of `name.overload`; `args` hold value ids in their
   // tensor fields' `id` (resolved by resolve_args). Returns one id per result
   // type (nullopt for undefined results, whose type is absent), followed by

@@ -92,6 +92,15 @@ void bind_graph(py::module& m) {
   py::class_<GraphProgram>(m, "GraphProgram")
       .def(py::init<>())
       .def("input", [](GraphProgram& g, int index, py::tuple type) { return g.input(index, *tensor_type(type)); })
+      .def("cpu_inputs",
+           [](GraphProgram& g, const py::list& inputs) {
+             std::vector<std::pair<int, TensorType>> in;
+             for (auto e : inputs) {
+               auto t = e.cast<py::tuple>();
+               in.emplace_back(t[0].cast<int>(), *tensor_type(t[1]));
+             }
+             return g.cpu_inputs(in);
+           })
       .def("call",
            [](GraphProgram& g, const std::string& name, const std::string& overload, const py::list& args,
               const py::list& outputs) {

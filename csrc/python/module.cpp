@@ -10,6 +10,7 @@
 #include "device/storage.h"
 #include "eager/executor.h"
 #include "lowering/registry.h"
+#include "python/graph_bindings.h"
 #include "runtime/pjrt_runtime.h"
 
 namespace py = pybind11;
@@ -63,6 +64,12 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["device_to_host_bytes"] = mt.device_to_host_bytes.load();
     d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
     d["host_waits"] = mt.host_waits.load();
+    d["persistent_cache_hits"] = mt.persistent_cache_hits.load();
+    d["persistent_cache_misses"] = mt.persistent_cache_misses.load();
+    d["persistent_cache_writes"] = mt.persistent_cache_writes.load();
+    d["persistent_cache_errors"] = mt.persistent_cache_errors.load();
+    d["persistent_cache_load_seconds"] = mt.persistent_cache_load_seconds.load();
+    d["persistent_cache_save_seconds"] = mt.persistent_cache_save_seconds.load();
     d["executable_cache_size"] = eager::executable_cache_size();
     py::dict fallbacks;
     for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
@@ -77,4 +84,5 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("registered_lowerings", &lowering::registered_lowerings);
   m.def("lowering_table", &lowering::lowering_table);
+  python::bind_graph(m);
 }

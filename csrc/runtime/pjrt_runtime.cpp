@@ -2,9 +2,14 @@
 #include "pjrt_runtime.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <stdexcept>
 
 namespace torch_pjrt::runtime {
@@ -35,6 +40,7 @@ T make_args(size_t size) {
 // compile_portable_executable = true (field 4) so one executable runs on any
 // device chosen at execute time.
 const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
+const std::string kCompileOptionsBytes(kCompileOptions, sizeof(kCompileOptions));
 
 std::string named_value_string(const PJRT_NamedValue& v) {
   switch (v.type) {
@@ -54,6 +60,43 @@ std::string named_value_string(const PJRT_NamedValue& v) {
       return v.bool_value ? "true" : "false";
   }
   return "";
+}
+
+// The error's message; frees the error.
+std::string take_message(const PJRT_Api* api, PJRT_Error* error) {
+  auto m = PJRT_ARGS(PJRT_Error_Message_Args);
+  m.error = error;
+  api->PJRT_Error_Message(&m);
+  std::string msg(m.message, m.message_size);
+  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  d.error = error;
+  api->PJRT_Error_Destroy(&d);
+  return msg;
+}
+
+// The host CPU as far as compiled code cares: model and instruction-set
+// flags (XLA's CPU backend compiles for the host it runs on).
+std::string host_cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(in, line) && (model.empty() || flags.empty())) {
+    auto value = [&] {
+      size_t colon = line.find(':');
+      return colon == std::string::npos ? std::string() : line.substr(colon + 1);
+    };
+    if (model.empty() && line.rfind("model name", 0) == 0) model = value();
+    if (flags.empty() && (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0))
+      flags = value();
+  }
+  size_t start = model.find_first_not_of(" \t");
+  model = start == std::string::npos ? "" : model.substr(start);
+  return model + "; flags sha256 " + Sha256::hex(Sha256::of(flags)).substr(0, 16);
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
 }
 
 // Frees an error nobody can act on (destructors, readiness polling).
@@ -125,13 +168,7 @@ Executable::~Executable() {
 
 void Runtime::check(PJRT_Error* error, const char* what) const {
   if (!error) return;
-  auto m = PJRT_ARGS(PJRT_Error_Message_Args);
-  m.error = error;
-  api_->PJRT_Error_Message(&m);
-  std::string msg(m.message, m.message_size);
-  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-  d.error = error;
-  api_->PJRT_Error_Destroy(&d);
+  std::string msg = take_message(api_, error);
   throw std::runtime_error("torch_pjrt: " + std::string(what) + " failed in PJRT plugin '" +
                            info_.name + "': " + msg);
 }
@@ -215,6 +252,14 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
   if (rt->devices_.empty())
     throw std::runtime_error("torch_pjrt: PJRT plugin '" + plugin_path +
                              "' reports no addressable devices");
+
+  rt->cache_ = std::make_unique<PersistentCache>(PersistentCache::configured_dir(),
+                                                 rt->cache_identity());
+  size_t cache_slots = offsetof(PJRT_Api, PJRT_Executable_DeserializeAndLoad) + sizeof(void*);
+  if (rt->cache_->enabled() &&
+      (api->struct_size < cache_slots || !api->PJRT_Executable_Serialize ||
+       !api->PJRT_Executable_DeserializeAndLoad || !api->PJRT_LoadedExecutable_GetExecutable))
+    rt->cache_->disable("plugin '" + name + "' cannot serialize executables");
   instance() = std::move(rt);
 }
 
@@ -296,7 +341,118 @@ BufferPtr Runtime::copy_to_device(const Buffer& buffer, int device, size_t nbyte
   return std::make_shared<Buffer>(api_, args.dst_buffer, device);
 }
 
+// Everything an executable compiled from a given program depends on besides
+// the program and the compile options: the plugin build, its API, and the
+// devices and host it compiles for. Part of every persistent-cache key.
+std::string Runtime::cache_identity() const {
+  std::string s = "torch_pjrt executable cache identity\n";
+  char resolved[PATH_MAX];
+  s += "plugin_path=" +
+       std::string(::realpath(info_.path.c_str(), resolved) ? resolved : info_.path.c_str()) +
+       "\n";
+  struct stat st;
+  if (::stat(info_.path.c_str(), &st) == 0)
+    s += "plugin_file=" + std::to_string(st.st_size) + " bytes, modified " +
+         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "\n";
+  s += "platform=" + one_line(info_.platform) + "\n";
+  s += "platform_version=" + one_line(info_.platform_version) + "\n";
+  s += "pjrt_c_api=" + std::to_string(info_.api_major) + "." + std::to_string(info_.api_minor) +
+       "\n";
+  for (const auto& [k, v] : info_.attributes) s += "attribute." + one_line(k) + "=" + one_line(v) + "\n";
+  s += "devices=" + std::to_string(devices_.size()) + " x " + one_line(device_kind(0)) + "\n";
+  s += "host_cpu=" + one_line(host_cpu_description()) + "\n";
+  return s;
+}
+
+ExecutablePtr Runtime::wrap(PJRT_LoadedExecutable* loaded) {
+  auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = loaded;
+  check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
+  auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  no.executable = ge.executable;
+  PJRT_Error* err = api_->PJRT_Executable_NumOutputs(&no);
+  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  ed.executable = ge.executable;
+  discard(api_, api_->PJRT_Executable_Destroy(&ed));
+  check(err, "NumOutputs");
+  return std::make_shared<Executable>(api_, loaded, no.num_outputs);
+}
+
+// A hit: the entry's executable, loaded onto this client. Null on a miss or
+// a bad entry (reported and counted by the cache).
+ExecutablePtr Runtime::load_cached(const std::string& mlir_text, const Sha256::Digest& key) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto payload = cache_->load(key, mlir_text.size());
+  if (!payload) return nullptr;
+  auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  args.client = client_;
+  args.serialized_executable = payload->data();
+  args.serialized_executable_size = payload->size();
+  args.overridden_serialized_compile_options = kCompileOptions;
+  args.overridden_serialized_compile_options_size = sizeof(kCompileOptions);
+  if (PJRT_Error* err = api_->PJRT_Executable_DeserializeAndLoad(&args)) {
+    cache_->report_bad_entry(cache_->path(key),
+                             "does not load: " + one_line(take_message(api_, err)));
+    return nullptr;
+  }
+  ExecutablePtr exe;
+  try {
+    exe = wrap(args.loaded_executable);
+  } catch (const std::exception& e) {
+    auto d = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+    d.executable = args.loaded_executable;
+    discard(api_, api_->PJRT_LoadedExecutable_Destroy(&d));
+    cache_->report_bad_entry(cache_->path(key), std::string("does not load: ") + e.what());
+    return nullptr;
+  }
+  metrics().persistent_cache_hits++;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  metrics().persistent_cache_load_seconds = metrics().persistent_cache_load_seconds + secs;
+  return exe;
+}
+
+void Runtime::save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
+                            const Sha256::Digest& key) {
+  struct Timer {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() {
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      metrics().persistent_cache_save_seconds = metrics().persistent_cache_save_seconds + secs;
+    }
+  } timer;
+  auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = loaded;
+  if (PJRT_Error* err = api_->PJRT_LoadedExecutable_GetExecutable(&ge)) {
+    cache_->disable("GetExecutable failed: " + one_line(take_message(api_, err)));
+    return;
+  }
+  auto ser = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  ser.executable = ge.executable;
+  PJRT_Error* err = api_->PJRT_Executable_Serialize(&ser);
+  std::string payload;
+  if (!err) {
+    payload.assign(ser.serialized_bytes, ser.serialized_bytes_size);
+    if (ser.serialized_executable_deleter) ser.serialized_executable_deleter(ser.serialized_executable);
+  }
+  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  ed.executable = ge.executable;
+  discard(api_, api_->PJRT_Executable_Destroy(&ed));
+  if (err) {
+    cache_->disable("plugin '" + info_.name + "' cannot serialize executables: " +
+                    one_line(take_message(api_, err)));
+    return;
+  }
+  cache_->store(key, mlir_text.size(), payload);
+}
+
 ExecutablePtr Runtime::compile(const std::string& mlir_text) {
+  std::optional<Sha256::Digest> key;
+  if (cache_->enabled()) {
+    key = cache_->key(mlir_text, kCompileOptionsBytes);
+    if (auto exe = load_cached(mlir_text, *key)) return exe;
+    metrics().persistent_cache_misses++;
+  }
+
   auto t0 = std::chrono::steady_clock::now();
   auto program = PJRT_ARGS(PJRT_Program);
   program.code = const_cast<char*>(mlir_text.data());
@@ -309,21 +465,13 @@ ExecutablePtr Runtime::compile(const std::string& mlir_text) {
   args.compile_options = kCompileOptions;
   args.compile_options_size = sizeof(kCompileOptions);
   check(api_->PJRT_Client_Compile(&args), "compile");
-
-  auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
-  ge.loaded_executable = args.executable;
-  check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
-  auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
-  no.executable = ge.executable;
-  check(api_->PJRT_Executable_NumOutputs(&no), "NumOutputs");
-  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  ed.executable = ge.executable;
-  check(api_->PJRT_Executable_Destroy(&ed), "Executable_Destroy");
-
   metrics().xla_compiles++;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   metrics().compile_seconds = metrics().compile_seconds + secs;
-  return std::make_shared<Executable>(api_, args.executable, no.num_outputs);
+
+  ExecutablePtr exe = wrap(args.executable);
+  if (key && cache_->enabled()) save_to_cache(args.executable, mlir_text, *key);
+  return exe;
 }
 
 std::vector<BufferPtr> Runtime::execute(const Executable& exe,

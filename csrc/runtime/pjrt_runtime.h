@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "persistent_cache.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 namespace torch_pjrt::runtime {
@@ -25,6 +26,16 @@ struct Metrics {
   std::atomic<int64_t> device_to_device_bytes{0};
   std::atomic<double> compile_seconds{0.0};
   std::atomic<int64_t> host_waits{0};  // times the host blocked on the device
+  // Persistent executable cache (persistent_cache.h): executables loaded from
+  // disk instead of compiled, programs not found there, entries written, bad
+  // entries found (truncated, corrupted, foreign, undeserializable), the time
+  // spent reading and loading hits, and the time spent serializing and writing.
+  std::atomic<int64_t> persistent_cache_hits{0};
+  std::atomic<int64_t> persistent_cache_misses{0};
+  std::atomic<int64_t> persistent_cache_writes{0};
+  std::atomic<int64_t> persistent_cache_errors{0};
+  std::atomic<double> persistent_cache_load_seconds{0.0};
+  std::atomic<double> persistent_cache_save_seconds{0.0};
 };
 Metrics& metrics();
 
@@ -101,7 +112,11 @@ class Runtime {
   // Blocks until the bytes are in `dst`.
   void buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes);
   BufferPtr copy_to_device(const Buffer& buffer, int device, size_t nbytes);
+  // Loads the program from the persistent cache, or compiles it with XLA
+  // (xla_compiles) and saves it there.
   ExecutablePtr compile(const std::string& mlir_text);
+  // The persistent executable cache; disabled() when TORCH_PJRT_CACHE_DIR="".
+  PersistentCache& persistent_cache() const { return *cache_; }
   // Asynchronous: returns the outputs at once; they become ready later.
   std::vector<BufferPtr> execute(const Executable& exe,
                                  const std::vector<PJRT_Buffer*>& args, int device);
@@ -115,11 +130,17 @@ class Runtime {
   Runtime() = default;
   void await_and_destroy(PJRT_Event* event, const char* what);
   void prune_pending_locked();
+  ExecutablePtr wrap(PJRT_LoadedExecutable* loaded);
+  ExecutablePtr load_cached(const std::string& mlir_text, const Sha256::Digest& key);
+  void save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
+                     const Sha256::Digest& key);
+  std::string cache_identity() const;
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;
   PluginInfo info_;
+  std::unique_ptr<PersistentCache> cache_;
   std::mutex pending_mutex_;
   std::vector<std::pair<int, PJRT_Event*>> pending_;  // (device, completion)
 };

@@ -46,7 +46,7 @@ def _note_capture(example_inputs):
     from torch._guards import CompileContext
     cid = CompileContext.current_compile_id()
     # Tensors only: a recompile that makes a size dynamic adds SymInt inputs.
-    sig = tuple(("tensor", tuple(_dim(d) for d in a.shape), a.dtype, str(a.device))
+    sig = tuple((tuple(_dim(d) for d in a.shape), a.dtype, a.device)
                 for a in example_inputs if isinstance(a, torch.Tensor))
     if cid is None:
         return

@@ -12,19 +12,15 @@ import torch
 
 from .. import _state
 from . import stats
-from .lower_graph import Unsupported, lower_graph
+from .lower_graph import Unsupported, lower_graph, split_host
 
 _warned_ops = set()
 
 
 def _signature(args):
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append(("tensor", tuple(a.shape), a.dtype, str(a.device)))
-        else:
-            sig.append(("value", type(a).__name__, a))
-    return tuple(sig)
+    # Shapes, dtypes and devices (not strides: the program reads any layout,
+    # and view ops' values do not depend on it); host values by value.
+    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
 
 
 def _describe_change(old, new, names):
@@ -33,8 +29,8 @@ def _describe_change(old, new, names):
         if o == n:
             continue
         label = f"input {i} ({names[i]})" if i < len(names) else f"tensor input {i}"
-        if o[0] == "tensor" and n[0] == "tensor":
-            for what, k in (("shape", 1), ("dtype", 2), ("device", 3)):
+        if isinstance(o[0], tuple) and isinstance(n[0], tuple):  # tensors: (shape, dtype, device)
+            for what, k in (("shape", 0), ("dtype", 1), ("device", 2)):
                 if o[k] != n[k]:
                     changes.append(f"{label} {what} {_fmt(o[k])} -> {_fmt(n[k])}")
         else:
@@ -45,13 +41,15 @@ def _describe_change(old, new, names):
 
 
 def _fmt(v):
-    return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, tuple) else str(v)
+    return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, (tuple, torch.Size)) else str(v)
 
 
-def _unpack(outs, entry):
+def _unpack(outs, host_values, entry):
     kind = entry[0]
     if kind == "t":
         return outs[entry[1]]
+    if kind == "h":
+        return host_values[entry[1]]
     if kind == "v":
         _, k, size, stride, offset = entry
         base = outs[k]
@@ -85,17 +83,29 @@ class CompiledGraphFn:
             args.clear()
             return result
         cg, lowered = entry
+        host_values = self._run_host(lowered.host, args) if lowered.host else ()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         args.clear()
         outs = cg.run(tensors)
         stats.COUNTERS["compiled_graph_runs"] += 1
-        return [_unpack(outs, t) for t in lowered.output_template]
+        return [_unpack(outs, host_values, t) for t in lowered.output_template]
+
+    @staticmethod
+    def _run_host(host, args):
+        """Runs the host part, which may update CPU inputs in place (step +=
+        1); the program gets copies holding the values from before, as the
+        graph reads them."""
+        host_args = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.device.type == "cpu":
+                args[i] = a.clone()
+        return host(host_args)
 
     def _compile(self, args, sig):
         t0 = time.perf_counter()
         compiles0 = _state.C.metrics()["xla_compiles"]
         try:
-            lowered = lower_graph(self.gm, args)
+            lowered = lower_graph(self.gm, args, split_host(self.gm, args))
         except Unsupported as e:
             if e.op not in _warned_ops:
                 _warned_ops.add(e.op)

@@ -35,10 +35,11 @@ class _Val:
 class Lowered:
     """The program text plus what the runner needs to feed and unpack it."""
 
-    def __init__(self, prog, text, outputs, output_template, mutations):
+    def __init__(self, prog, text, outputs, output_template, mutations, host):
         self.prog, self.text = prog, text
+        self.host = host                         # HostPart or None
         self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
-        self.output_template = output_template   # graph outputs: ("t", k) or ("c", constant)
+        self.output_template = output_template   # graph outputs: ("t", k), ("v", k, view), ("h", k), ("c", constant)
         self.mutations = mutations               # [(input index, program output)]
 
 
@@ -76,7 +77,7 @@ class _Walker:
     def __init__(self):
         self.C = _state.C
         self.prog = self.C.GraphProgram()
-        self.mutations = {}  # input index -> value id
+        self.mutations = {}    # input index -> value id
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -214,13 +215,16 @@ class _Walker:
         return _Val(new, dst.meta, dst.input_index)
 
     # ---- the walk ----
-    def walk(self, graph, inputs):
+    def walk(self, graph, inputs, skip=()):
         """Walks `graph` with `inputs` for its placeholders (values or host
-        constants); returns the structure of its output node."""
+        constants); `skip`: copy_ nodes the host does. Returns the structure
+        of its output node."""
         env = {}
         it = iter(inputs)
         for node in graph.nodes:
-            if node.op == "placeholder":
+            if node in skip:
+                env[node] = env[node.args[0]]
+            elif node.op == "placeholder":
                 env[node] = next(it)
             elif node.op == "call_function":
                 a, k = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, (node.args, node.kwargs))
@@ -240,15 +244,73 @@ class _Walker:
         raise Unsupported("graph", "no output node")
 
 
-def lower_graph(gm, args):
+class HostPart:
+    """What the host does itself for a graph: the nodes that update CPU
+    inputs in place or make CPU outputs (an optimizer's step counts), when
+    they depend on CPU values only. PyTorch runs them (no device round trip);
+    the program recomputes any of their values it reads."""
+
+    def __init__(self, gm, nodes, needed):
+        g = torch.fx.Graph()
+        env = {}
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = g.node_copy(n)
+        for n in nodes:
+            env[n] = g.node_copy(n, lambda x: env[x])
+        g.output(tuple(env[n] for n in needed))
+        self.module = torch.fx.GraphModule(gm, g)
+        self.nodes, self.needed = nodes, needed
+
+    def __call__(self, args):
+        return self.module(*args)
+
+
+def _on_cpu(v):
+    return all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in tree_flatten(v)[0])
+
+
+def split_host(gm, args):
+    """The HostPart of `gm` for `args`, or None when there is nothing for the host."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    on_host = {n for n, a in zip(placeholders, args) if _on_cpu(a)}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and "val" in n.meta and n.all_input_nodes and \
+                all(i in on_host for i in n.all_input_nodes) and _on_cpu(n.meta["val"]):
+            on_host.add(n)
+    output = list(gm.graph.nodes)[-1]
+    roots = [n for n in gm.graph.nodes if n in on_host and n.op == "call_function"
+             and n.target is torch.ops.aten.copy_.default]
+    roots += [n for n in output.all_input_nodes if n in on_host and n.op == "call_function"]
+    if not roots:
+        return None
+    wanted, stack = set(), list(roots)
+    while stack:
+        n = stack.pop()
+        if n in wanted or n.op != "call_function":
+            continue
+        wanted.add(n)
+        stack.extend(n.all_input_nodes)
+    nodes = [n for n in gm.graph.nodes if n in wanted]
+    needed = [n for n in output.all_input_nodes if n in wanted]
+    return HostPart(gm, nodes, needed)
+
+
+def lower_graph(gm, args, host_part=None):
     """Lowers GraphModule `gm` for the concrete `args` (tensors and host
-    scalars, one per placeholder). Program input k is the k-th tensor of args."""
+    scalars, one per placeholder); program input k is the k-th tensor of
+    args. Nodes of `host_part` that write CPU inputs are left to the host."""
     w = _Walker()
+    skip = {n for n in host_part.nodes if n.target is torch.ops.aten.copy_.default} if host_part else set()
+    host_out = {n: i for i, n in enumerate(host_part.needed)} if host_part else {}
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    cpu = [(k, _type(t)) for k, t in enumerate(tensors) if t.device.type == "cpu"]
+    ids = dict(zip((k for k, _ in cpu), w.prog.cpu_inputs(cpu)))
     inputs = []
     k = 0
     for a in args:
         if isinstance(a, torch.Tensor):
-            vid = w.prog.input(k, _type(a))
+            vid = ids[k] if k in ids else w.prog.input(k, _type(a))
             meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=_META)
             inputs.append(_Val(vid, meta, k))
             k += 1
@@ -258,7 +320,7 @@ def lower_graph(gm, args):
     for node in list(graph.nodes):
         if node.op == "get_attr":
             raise Unsupported("get_attr", f"graph attribute {node.target}")
-    result = w.walk(graph, inputs)
+    result = w.walk(graph, inputs, skip)
     out_nodes = list(graph.nodes)[-1].args[0]
     out_ids, template, outputs = [], [], []
     storage_output = {}  # value id -> index into outputs
@@ -272,6 +334,9 @@ def lower_graph(gm, args):
         return storage_output[v.id]
 
     for r, n in zip(result, out_nodes):
+        if n in host_out:
+            template.append(("h", host_out[n]))
+            continue
         if not isinstance(r, _Val):
             template.append(("c", r))
             continue
@@ -296,4 +361,4 @@ def lower_graph(gm, args):
         mutations.append((input_index, len(out_ids)))
         out_ids.append(vid)
     text = w.prog.finish(out_ids, [o[2] for o in outputs])
-    return Lowered(w.prog, text, outputs, template, mutations)
+    return Lowered(w.prog, text, outputs, template, mutations, host_part)
