@@ -160,11 +160,17 @@ def build(kind, seed=0):
     raise ValueError(f"unknown model kind {kind!r}")
 
 
-def train(kind, device, steps, seed=0, clip=1.0, on_step=None):
-    """Trains from the same initial weights and data on `device`; returns the losses."""
+def train(kind, device, steps, seed=0, clip=1.0, on_step=None, compile_backend=None):
+    """Trains from the same initial weights and data on `device`; returns the
+    losses. With `compile_backend` ("tpu", "inductor"...), the model and the
+    optimizer step are torch.compile'd with it (gradient clipping stays eager)."""
     model, make_opt, batch_fn, loss_fn = build(kind, seed)
     model = model.to(device)
     opt = make_opt(model.parameters())
+    forward, opt_step = model, opt.step
+    if compile_backend:
+        forward = torch.compile(model, backend=compile_backend)
+        opt_step = torch.compile(opt.step, backend=compile_backend)
     # Data is made up front on the host, so step times measure the device.
     batches = [batch_fn(step) for step in range(steps)]
     losses = []
@@ -172,11 +178,11 @@ def train(kind, device, steps, seed=0, clip=1.0, on_step=None):
         x, y = batches[step]
         x, y = x.to(device), y.to(device)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, x, y)
+        loss = loss_fn(forward, x, y)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
+        opt_step()
         losses.append(loss.detach())
         if on_step:
             on_step(step, loss)

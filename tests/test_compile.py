@@ -321,3 +321,27 @@ def test_compiled_training_loop_follows_cpu(kind):
     # forward, backward and the optimizer step: all compiled by then
     assert d["compiled_graphs"] == 0 and d["compiled_graph_runs"] == 6 * 3 and d["eager_graph_fallbacks"] == 0
     assert md["cpu_fallbacks"] == {}
+
+
+def test_second_process_loads_compiled_graphs_from_the_persistent_cache(tmp_path):
+    code = """
+import json, torch, torch_pjrt
+from examples import models
+model, make_opt, batch, loss_fn = models.build("gpt")
+m = model.to("tpu"); opt = make_opt(m.parameters())
+cm, step = torch.compile(m, backend="tpu"), torch.compile(opt.step, backend="tpu")
+x, y = batch(0)
+loss = loss_fn(cm, x.to("tpu"), y.to("tpu")); loss.backward(); step()
+out = {"loss": loss.item(), "w": m.head.weight[0, :4].tolist()}
+out.update({k: v for k, v in torch_pjrt.metrics().items() if not isinstance(v, dict)})
+print("RESULT", json.dumps(out))
+"""
+    runs = []
+    for _ in range(2):
+        r = run_python(code, TORCH_PJRT_CACHE_DIR=str(tmp_path))
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(__import__("json").loads(r.stdout.split("RESULT", 1)[1]))
+    cold, warm = runs
+    assert cold["xla_compiles"] > 0 and cold["compiled_graphs"] >= 3
+    assert warm["xla_compiles"] == 0 and warm["persistent_cache_hits"] >= warm["compiled_graphs"] >= 3
+    assert warm["loss"] == cold["loss"] and warm["w"] == cold["w"]

@@ -123,9 +123,9 @@ class _Walker:
         return (name, "other", None)  # device, layout, memory_format, generator
 
     # ---- node kinds ----
-    def call_op(self, op, args, kwargs, node_val):
+    def call_op(self, op, args, kwargs):
         schema = op._schema
-        ns, name = schema.name.split("::")
+        name = schema.name.split("::")[1]
         overload = schema.overload_name
         if name == "copy_":
             return self.copy_into_input(args[0], args[1])
@@ -173,6 +173,8 @@ class _Walker:
                     elem_args.append((alias, kind, payload))
             m = out_meta[e]
             ids, mutations = self.prog.call(elem, overload, elem_args, [_type(m)])
+            if mutations:
+                raise Unsupported(f"aten::{elem}", "its lowering writes an argument")
             results.append(_Val(ids[0], m))
         return results
 
@@ -230,7 +232,7 @@ class _Walker:
                 a, k = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, (node.args, node.kwargs))
                 target = node.target
                 if isinstance(target, torch._ops.OpOverload):
-                    env[node] = self.call_op(target, a, k, node.meta.get("val"))
+                    env[node] = self.call_op(target, a, k)
                 elif target is operator.getitem:
                     env[node] = a[0][a[1]]
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
