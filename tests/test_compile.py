@@ -130,6 +130,18 @@ def test_guards_recompile_on_python_value():
     assert d["dynamo_graphs"] == 2 and d["dynamo_recompiles"] == 1
 
 
+def test_backend_found_without_importing_dynamo_at_import():
+    code = """
+import sys, torch, torch_pjrt
+assert "torch._dynamo" not in sys.modules  # import torch_pjrt stays light
+f = torch.compile(lambda x: x * 2, backend="tpu")
+print("OUT", f(torch.ones(2, device="tpu")).tolist(), torch_pjrt.metrics()["compiled_graphs"])
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "OUT [2.0, 2.0] 1" in r.stdout
+
+
 def test_dtype_change_recompiles_and_is_logged():
     code = """
 import torch, torch_pjrt
@@ -189,6 +201,14 @@ def test_unlowerable_op_runs_graph_eagerly_with_one_warning():
     msgs = [str(m.message) for m in w if "runs op by op" in str(m.message)]
     assert len(msgs) == 1 and "det" in msgs[0]
     assert delta(before)["eager_graph_fallbacks"] == 2
+
+
+def test_bad_shapes_raise_like_cpu():
+    cf = torch.compile(lambda a, b: a @ b, backend="tpu")
+    with pytest.raises(RuntimeError):
+        torch.ones(2, 3) @ torch.ones(4, 5)
+    with pytest.raises(RuntimeError, match="same reduction dim"):
+        cf(torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu"))
 
 
 def test_inputs_on_two_devices_raise():
@@ -280,11 +300,19 @@ def test_compiled_optimizer_step_matches_eager(kind):
         for p, src in zip(m.parameters(), model.parameters()):
             p.grad = src.grad.to(p.device)
     opts = {name: make_opt(m.parameters()) for name, m in copies.items()}
-    steps = {"cpu": opts["cpu"].step, "eager": opts["eager"].step,
-             "compiled": torch.compile(opts["compiled"].step, backend="tpu")}
+
+    def update(name):
+        def fn():  # gradient clipping and the step: one graph when compiled
+            torch.nn.utils.clip_grad_norm_(copies[name].parameters(), 0.5)
+            opts[name].step()
+        return fn
+    steps = {"cpu": update("cpu"), "eager": update("eager"),
+             "compiled": torch.compile(update("compiled"), backend="tpu")}
+    before = counters()
     for _ in range(3):
         for s in steps.values():
             s()
+    assert delta(before)["eager_graph_fallbacks"] == 0
     for p_c, p_e, p_cpu in zip(*(copies[n].parameters() for n in ("compiled", "eager", "cpu"))):
         assert_same(p_c, p_e.cpu(), rtol=1e-5, atol=1e-6)
         assert_same(p_c, p_cpu, rtol=1e-5, atol=1e-6)

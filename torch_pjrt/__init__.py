@@ -6,6 +6,7 @@ registers torch.tpu.
 """
 import atexit
 import os
+import sys
 import time
 
 import torch
@@ -38,7 +39,11 @@ _initialize()
 from . import _compile  # noqa: E402  (needs the extension loaded)
 from .bucketing import bucketed, next_bucket  # noqa: E402,F401
 
-_compile.register()
+# torch.compile(backend="tpu") finds the backend through the entry point in
+# torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
+# does not import Dynamo (~1 s); if Dynamo is already loaded, register now.
+if "torch._dynamo" in sys.modules:
+    _compile.register()
 
 
 @atexit.register

@@ -1,5 +1,5 @@
 // Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std,
-// all/any, linalg_vector_norm. The Meta kernel already fixed the result shape
+// all/any, linalg_vector_norm and norm. The Meta kernel already fixed the result shape
 // (keepdim or not), so each lowering reduces and then reshapes to ctx.out().
 #include <algorithm>
 #include <cmath>
@@ -169,6 +169,16 @@ std::vector<Value> vector_norm(LoweringContext& ctx) {
   return {b.reshape(r, ctx.out().shape)};
 }
 
+// aten::norm takes the order as "p"; _foreach_norm's element passes "ord".
+std::vector<Value> norm(LoweringContext& ctx) {
+  if (ctx.has("p") && !ctx.has("ord")) {
+    Arg ord = ctx.arg("p");
+    ord.name = "ord";
+    ctx.args.push_back(ord);
+  }
+  return vector_norm(ctx);
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("sum", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, false); });
@@ -187,5 +197,6 @@ TORCH_PJRT_LOWERING("std_mean", [](LoweringContext& c) { return var_std(c, true,
 TORCH_PJRT_LOWERING("all", [](LoweringContext& c) { return all_any(c, true); });
 TORCH_PJRT_LOWERING("any", [](LoweringContext& c) { return all_any(c, false); });
 TORCH_PJRT_LOWERING("linalg_vector_norm", vector_norm);
+TORCH_PJRT_LOWERING("norm", norm);
 
 }  // namespace torch_pjrt::lowering::ops
