@@ -26,8 +26,8 @@ Modes:
 Configurations:
   tpu-compiled   model on "tpu"; inference: torch.compile(model, backend="tpu");
                  train: torch.compile of forward + loss (one graph, backward via
-                 AOTAutograd), clip + optimizer step eager (--compile-opt also
-                 compiles the clip + optimizer step with the same backend);
+                 AOTAutograd) and of the clip + optimizer step (--eager-opt
+                 leaves those two eager);
   tpu-eager      model on "tpu", op by op;
   cpu-eager      PyTorch eager on CPU;
   cpu-inductor   as tpu-compiled, on CPU with torch.compile's default backend;
@@ -43,7 +43,7 @@ Every measurement runs in its own processes (this script re-invoked with
     python benchmarks/compile_bench.py [--steps N] [--warmup N]
         [--models mlp,cnn,gpt] [--modes inference,train]
         [--configs tpu-compiled,tpu-eager,cpu-eager,cpu-inductor,jax]
-        [--compile-opt] [--markdown FILE] [--json FILE] [--keep-cache]
+        [--eager-opt] [--markdown FILE] [--json FILE] [--keep-cache]
 """
 import argparse
 import atexit
@@ -67,7 +67,11 @@ CONFIGS = {  # cli name -> table label
     "cpu-eager": "cpu eager",
     "cpu-inductor": "cpu inductor",
     "jax": "jax jit",
+    # GPU check only (not in the default set): PyTorch on CUDA, same dtype and batch.
+    "cuda-eager": "cuda eager",
+    "cuda-inductor": "cuda inductor",
 }
+DEFAULT_CONFIGS = ("tpu-compiled", "tpu-eager", "cpu-eager", "cpu-inductor", "jax")
 MODELS = ("mlp", "cnn", "gpt")
 MODES = ("inference", "train")
 CLIP = 1.0  # models.train's default
@@ -142,8 +146,9 @@ def _worker_torch(a, res):
     import models
     from torch._dynamo.utils import counters
 
-    device = "tpu" if tpu else "cpu"
-    compiled = a.config in ("tpu-compiled", "cpu-inductor")
+    cuda = a.config.startswith("cuda")
+    device = "tpu" if tpu else "cuda" if cuda else "cpu"
+    compiled = a.config in ("tpu-compiled", "cpu-inductor", "cuda-inductor")
     backend = "tpu" if a.config == "tpu-compiled" else "inductor"
     n_calls = 1 if a.phase == "cold" else 1 + a.warmup + a.steps
 
@@ -185,6 +190,8 @@ def _worker_torch(a, res):
 
     if tpu:
         sync = lambda out: torch.tpu.synchronize()  # noqa: E731
+    elif cuda:
+        sync = lambda out: torch.cuda.synchronize()  # noqa: E731
     else:
         sync = lambda out: None  # noqa: E731
     sync(None)  # weights and data are on the device before the clock starts
@@ -455,9 +462,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls after the first, before the timed ones")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--compile-opt", action="store_true",
-                        help="compiled configs: also torch.compile the clip + optimizer step")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"of {','.join(CONFIGS)}")
+    parser.add_argument("--compile-opt", action="store_true", default=True,
+                        help="compiled configs: also torch.compile the clip + optimizer step (default)")
+    parser.add_argument("--eager-opt", dest="compile_opt", action="store_false",
+                        help="compiled configs: clip + optimizer step stay eager")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads(N) in the torch workers (default: PyTorch's choice)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per worker process")
@@ -516,8 +526,8 @@ def main():
         else f"- jax: not available ({env.get('jax_error', '?')}): the jax row is skipped")
     out(f"- {a.steps} timed steps after {a.warmup} warm-up calls; PyTorch CPU threads: "
         f"{a.threads or str(env.get('torch_threads', '?')) + ' (default)'}; train step compiled region: "
-        + ("forward + loss, and clip + optimizer step (--compile-opt)" if a.compile_opt
-           else "forward + loss (clip + optimizer step eager)"))
+        + ("forward + loss, and clip + optimizer step" if a.compile_opt
+           else "forward + loss (clip + optimizer step eager: --eager-opt)"))
     out()
 
     cache_root = tempfile.mkdtemp(prefix="compile_bench_")
@@ -543,8 +553,8 @@ def main():
                     os.makedirs(d, exist_ok=True)
                 common = ["--worker", "run", "--config", config, "--model", kind, "--mode", mode,
                           "--steps", str(a.steps), "--warmup", str(a.warmup)]
-                if a.compile_opt:
-                    common.append("--compile-opt")
+                if not a.compile_opt:
+                    common.append("--eager-opt")
                 if a.threads:
                     common += ["--threads", str(a.threads)]
                 if jax_data:

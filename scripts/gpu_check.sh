@@ -16,7 +16,10 @@ cmake --build build-gpu -- -j"$(nproc)" | grep -v "^\[" || true
 export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=2
 "$PY" -c "import torch, torch_pjrt; print(torch_pjrt.plugin_info()); print(torch.tpu.device_count(), torch.tpu.get_device_name())"
 "$PY" examples/demo.py
-"$PY" -m pytest tests/test_training.py tests/test_autograd.py -q -p no:cacheprovider
+"$PY" -m pytest tests/test_training.py tests/test_autograd.py tests/test_compile.py -q -p no:cacheprovider
 # Eager training throughput, tpu (CUDA plugin) against PyTorch eager on CUDA.
 "$PY" benchmarks/eager_training.py --steps 40 --markdown --baseline cuda
+# torch.compile(backend="tpu") on the CUDA plugin against torch.compile (inductor) on CUDA,
+# same models, dtype (float32) and batch; cold, warm-cache and steady-state times.
+"$PY" benchmarks/compile_bench.py --configs tpu-compiled,tpu-eager,cuda-eager,cuda-inductor --steps 30
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

@@ -5,6 +5,8 @@ call with a new signature (shapes, dtypes, devices, int values) lowers the
 graph for those shapes and compiles it; later calls with that signature run
 the executable at once.
 """
+import os
+import sys
 import time
 import warnings
 
@@ -114,6 +116,8 @@ class CompiledGraphFn:
             self.entries[sig] = None
             return None
         t1 = time.perf_counter()
+        if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
+            print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)
         cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations)
         t2 = time.perf_counter()
         stats.COUNTERS["compiled_graphs"] += 1
