@@ -10,6 +10,7 @@
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "eager/op_instance.h"
 
 namespace torch_pjrt::graph {
 
@@ -29,6 +30,25 @@ int GraphProgram::input(int input_index, const TensorType& type) {
   Value flat = b_.param(TensorType{type.dtype, {type.numel()}});
   params_.push_back(ParamSource{ParamSource::Input, input_index});
   return add(b_.reshape(flat, type.shape));
+}
+
+int GraphProgram::input_view(int input_index, const at::Tensor& t) {
+  device::StorageBuffer& sb = device::storage_of(t);
+  DType dt = device::to_dtype(t.scalar_type());
+  if (!sb.buffer) device::ensure_buffer(sb, dt);
+  ParamSource src{ParamSource::Storage, input_index, {}, sb.dtype};
+  src.storage_numel = sb.numel();
+  src.view = eager::view_of(t);
+  Value flat = lowering::reinterpret_flat(b_, b_.param(TensorType{sb.dtype, {sb.numel()}}), dt);
+  params_.push_back(src);
+  return add(lowering::read_strided(b_, flat, src.view));
+}
+
+bool covers_storage(const at::Tensor& t) {
+  device::StorageBuffer& sb = device::storage_of(t);
+  DType dt = device::to_dtype(t.scalar_type());
+  return sb.nbytes % lowering::itemsize(dt) == 0 &&
+         eager::view_of(t).covers_whole(static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dt));
 }
 
 std::vector<int> GraphProgram::cpu_inputs(const std::vector<std::pair<int, TensorType>>& inputs) {
@@ -158,13 +178,24 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
 
 }  // namespace
 
-std::vector<at::Tensor> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
+std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
   int device = graph_device(inputs);
   auto& rt = runtime::Runtime::get();
   std::vector<runtime::BufferPtr> keep;
   std::vector<PJRT_Buffer*> params;
   for (const ParamSource& p : g.params) {
-    if (p.kind == ParamSource::CpuPack) {
+    if (p.kind == ParamSource::Storage) {
+      const at::Tensor& t = inputs.at(p.input);
+      if (t.device().type() != c10::DeviceType::PrivateUse1 || std::max<int>(t.device().index(), 0) != device)
+        return std::nullopt;
+      device::StorageBuffer& sb = device::storage_of(t);
+      if (!sb.buffer) device::ensure_buffer(sb, p.dtype);
+      lowering::StridedView v = eager::view_of(t);
+      if (sb.dtype != p.dtype || sb.numel() != p.storage_numel || v.sizes != p.view.sizes ||
+          v.strides != p.view.strides || v.offset != p.view.offset)
+        return std::nullopt;
+      keep.push_back(sb.buffer);
+    } else if (p.kind == ParamSource::CpuPack) {
       std::vector<at::Tensor> parts;
       for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
       keep.push_back(upload(at::cat(parts), device));

@@ -20,10 +20,14 @@ namespace torch_pjrt::graph {
 
 // Where a program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Input, Rng, CpuPack } kind = Input;
-  int input = -1;           // Input: index into the tensors passed to run()
+  enum Kind : char { Input, Rng, CpuPack, Storage } kind = Input;
+  int input = -1;           // Input, Storage: index into the tensors passed to run()
   std::vector<int> inputs;  // CpuPack: CPU inputs of one dtype, concatenated
-  lowering::DType dtype = lowering::DType::F32;
+  lowering::DType dtype = lowering::DType::F32;  // CpuPack; Storage: the storage's element type
+  // Storage: the input is a view; the program takes its whole storage (of
+  // `storage_numel` elements) and reads the view itself, so no copy runs first.
+  int64_t storage_numel = 0;
+  lowering::StridedView view;
 };
 
 // One result of the compiled graph.
@@ -39,6 +43,10 @@ class GraphProgram {
  public:
   // A tensor graph input (tpu or CPU tensor of `type`), parameter of the program.
   int input(int input_index, const lowering::TensorType& type);
+  // A tpu input that is a view (strided, offset, or part of a larger
+  // storage): the program reads it from the storage, for inputs with the
+  // same view geometry (run() returns nullopt for others).
+  int input_view(int input_index, const at::Tensor& t);
   // CPU tensor inputs (scalars such as step counts): one parameter per dtype
   // holding them all, so a run makes one transfer per dtype, not one each.
   std::vector<int> cpu_inputs(const std::vector<std::pair<int, lowering::TensorType>>& inputs);
@@ -80,7 +88,10 @@ struct CompiledGraph {
 };
 
 // Runs `g` on `inputs` (tpu tensors, or CPU tensors for CPU graph inputs):
-// asynchronous unless an output or a mutated input lives on the CPU.
-std::vector<at::Tensor> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs);
+// asynchronous unless an output or a mutated input lives on the CPU. nullopt
+// (nothing run) when a view input's geometry differs from the compiled one.
+std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs);
+// Whether `t` is its whole storage, dense and row-major (passed as is).
+bool covers_storage(const at::Tensor& t);
 
 }  // namespace torch_pjrt::graph

@@ -92,6 +92,7 @@ void bind_graph(py::module& m) {
   py::class_<GraphProgram>(m, "GraphProgram")
       .def(py::init<>())
       .def("input", [](GraphProgram& g, int index, py::tuple type) { return g.input(index, *tensor_type(type)); })
+      .def("input_view", &GraphProgram::input_view)
       .def("cpu_inputs",
            [](GraphProgram& g, const py::list& inputs) {
              std::vector<std::pair<int, TensorType>> in;
@@ -158,6 +159,7 @@ void bind_graph(py::module& m) {
       .def("run", &graph::run);
 
   m.def("foreach_aliases", &eager::foreach_aliases);
+  m.def("covers_storage", &graph::covers_storage);
   m.def("find_lowering", [](const std::string& name, const std::string& overload) -> py::object {
     const auto* info = lowering::find_lowering(name, overload);
     if (!info) return py::none();

@@ -66,7 +66,7 @@ class CompiledGraphFn:
         self._boxed_call = True
         self.gm = gm
         self.name = name
-        self.entries = {}  # signature -> C.CompiledGraph, or None: run eagerly
+        self.entries = {}  # signature -> [(C.CompiledGraph, Lowered)], or [None]: run eagerly
         self.last_signature = None
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
@@ -75,33 +75,38 @@ class CompiledGraphFn:
         # wrapper dropped the _boxed_call mark, positional.
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         sig = _signature(args)
-        entry = self.entries.get(sig, False)
-        if entry is False:
-            entry = self._compile(args, sig)
+        candidates = self.entries.get(sig)
+        if candidates is None:
+            candidates = self.entries[sig] = [self._compile(args, sig)]
         self.last_signature = sig
-        if entry is None:
+        if candidates[0] is None:
             stats.COUNTERS["eager_graph_fallbacks"] += 1
             result = self.gm(*args)
             args.clear()
             return result
-        cg, lowered = entry
-        host_values = self._run_host(lowered.host, args) if lowered.host else ()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        outs = None
+        for cg, lowered in candidates:
+            # Programs that read view inputs in place hold for one view geometry.
+            outs = cg.run(tensors)
+            if outs is not None:
+                break
+        if outs is None:
+            cg, lowered = self._compile(args, sig)
+            candidates.append((cg, lowered))
+            outs = cg.run(tensors)
+        # (The host part runs after the program read its CPU inputs.)
+        host_values = self._run_host(lowered.host, args) if lowered.host else ()
         args.clear()
-        outs = cg.run(tensors)
         stats.COUNTERS["compiled_graph_runs"] += 1
         return [_unpack(outs, host_values, t) for t in lowered.output_template]
 
     @staticmethod
     def _run_host(host, args):
         """Runs the host part, which may update CPU inputs in place (step +=
-        1); the program gets copies holding the values from before, as the
+        1); the program has already taken their values from before, as the
         graph reads them."""
-        host_args = list(args)
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.device.type == "cpu":
-                args[i] = a.clone()
-        return host(host_args)
+        return host(args)
 
     def _compile(self, args, sig):
         t0 = time.perf_counter()
@@ -113,7 +118,6 @@ class CompiledGraphFn:
                 _warned_ops.add(e.op)
                 warnings.warn(f"torch_pjrt: graph '{self.name}' runs op by op (eager): cannot lower {e}",
                               stacklevel=3)
-            self.entries[sig] = None
             return None
         t1 = time.perf_counter()
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
@@ -125,12 +129,11 @@ class CompiledGraphFn:
         xla = _state.C.metrics()["xla_compiles"] - compiles0
         cost = (f"{t2 - t0:.3f} s (lowering {t1 - t0:.3f} s, "
                 f"{'XLA compile' if xla else 'loaded from the persistent cache'} {t2 - t1:.3f} s)")
-        if self.entries:
+        if self.entries:  # this graph was compiled before, for other inputs
             stats.COUNTERS["graph_recompiles"] += 1
-            prev = self.last_signature or next(iter(self.entries))
-            stats.log("recompiles", f"graph '{self.name}' recompiled: {_describe_change(prev, sig, self.placeholders)}; "
-                      f"cost {cost}; {len(self.entries) + 1} versions")
+            why = (_describe_change(self.last_signature, sig, self.placeholders) if sig not in self.entries
+                   else "a view input's geometry (strides, offset or storage size) changed")
+            versions = sum(len(v) for v in self.entries.values()) + 1
+            stats.log("recompiles", f"graph '{self.name}' recompiled: {why}; cost {cost}; {versions} versions")
         stats.log("graphs", f"graph '{self.name}' compiled: {len(self.gm.graph.nodes)} nodes, cost {cost}")
-        entry = (cg, lowered)
-        self.entries[sig] = entry
-        return entry
+        return (cg, lowered)

@@ -312,7 +312,12 @@ def lower_graph(gm, args, host_part=None):
     k = 0
     for a in args:
         if isinstance(a, torch.Tensor):
-            vid = ids[k] if k in ids else w.prog.input(k, _type(a))
+            if k in ids:
+                vid = ids[k]
+            elif _state.C.covers_storage(a):
+                vid = w.prog.input(k, _type(a))
+            else:
+                vid = w.prog.input_view(k, a)  # read in the program: no copy first
             meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=_META)
             inputs.append(_Val(vid, meta, k))
             k += 1
