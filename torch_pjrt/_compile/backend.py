@@ -4,6 +4,7 @@ decompositions for ops the registry has no lowering for), and each becomes one
 CompiledGraphFn."""
 import functools
 import itertools
+import time
 
 import torch
 
@@ -41,7 +42,8 @@ def _dim(d):
 
 
 def _note_capture(example_inputs):
-    """Counts Dynamo's graphs; a second graph for one frame is a recompile."""
+    """Counts Dynamo's graphs; a second graph for one frame is a recompile.
+    Returns the recompile's description, or None."""
     stats.COUNTERS["dynamo_graphs"] += 1
     from torch._guards import CompileContext
     cid = CompileContext.current_compile_id()
@@ -49,30 +51,35 @@ def _note_capture(example_inputs):
     sig = tuple((tuple(_dim(d) for d in a.shape), a.dtype, a.device)
                 for a in example_inputs if isinstance(a, torch.Tensor))
     if cid is None:
-        return
-    frame = cid.frame_id
+        return None
+    frame, why = cid.frame_id, None
     if frame in _frames and cid.frame_compile_id:
         stats.COUNTERS["dynamo_recompiles"] += 1
-        stats.log("recompiles", f"Dynamo recompiled frame {frame} (#{cid.frame_compile_id}): "
-                  f"{_describe_change(_frames[frame], sig, [])} "
-                  "(Dynamo now traces the changed sizes as dynamic where it can; "
-                  "TORCH_LOGS=recompiles names the failed guard)")
+        why = (f"Dynamo recompiled frame {frame} (#{cid.frame_compile_id}): "
+               f"{_describe_change(_frames[frame], sig, [])}")
     _frames[frame] = sig
+    return why
 
 
 def tpu_backend(gm, example_inputs, **options):
     from torch._dynamo.backends.common import aot_autograd
-    _note_capture(example_inputs)
+    recompile = _note_capture(example_inputs)
     gid = next(_graph_ids)
+    t0 = time.perf_counter()
 
     def compiler(kind):
         def compile_graph(fx_graph, _inputs):
-            return CompiledGraphFn(fx_graph, f"{kind}{gid}")
+            return CompiledGraphFn(fx_graph, f"{kind}{gid}", after_recompile=bool(recompile))
         return compile_graph
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        inference_compiler=compiler("inference"), decompositions=decompositions(),
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+    compiled = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                            inference_compiler=compiler("inference"), decompositions=decompositions(),
+                            keep_inference_input_mutations=True)(gm, example_inputs)
+    if recompile:
+        stats.log("recompiles", f"{recompile}; AOTAutograd tracing {time.perf_counter() - t0:.3f} s "
+                  f"(graphs *{gid}: their lowering and XLA costs follow when they first run; Dynamo traces "
+                  "changed sizes as dynamic where it can, TORCH_LOGS=recompiles names the failed guard)")
+    return compiled
 
 
 def register():

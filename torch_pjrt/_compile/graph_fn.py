@@ -60,12 +60,13 @@ def _unpack(outs, host_values, entry):
 
 
 class CompiledGraphFn:
-    def __init__(self, gm, name):
+    def __init__(self, gm, name, after_recompile=False):
         # AOTAutograd passes one list, which we clear. (An instance attribute:
         # the wrappers AOTAutograd puts around a backward copy only __dict__.)
         self._boxed_call = True
         self.gm = gm
         self.name = name
+        self.after_recompile = after_recompile  # made by a Dynamo recompile: log its first compile too
         self.entries = {}  # signature -> [(C.CompiledGraph, Lowered)], or [None]: run eagerly
         self.last_signature = None
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -135,5 +136,7 @@ class CompiledGraphFn:
                    else "a view input's geometry (strides, offset or storage size) changed")
             versions = sum(len(v) for v in self.entries.values()) + 1
             stats.log("recompiles", f"graph '{self.name}' recompiled: {why}; cost {cost}; {versions} versions")
+        elif self.after_recompile:
+            stats.log("recompiles", f"graph '{self.name}' (from the Dynamo recompile) compiled: cost {cost}")
         stats.log("graphs", f"graph '{self.name}' compiled: {len(self.gm.graph.nodes)} nodes, cost {cost}")
         return (cg, lowered)
