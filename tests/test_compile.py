@@ -228,6 +228,18 @@ def test_bad_shapes_raise_like_cpu():
         cf(torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu"))
 
 
+def test_factory_graphs_run_on_the_traced_device():
+    f = torch.compile(lambda n: torch.arange(4, device="tpu:1") * n, backend="tpu")
+    r = f(3)
+    assert r.device == torch.device("tpu:1") and r.cpu().tolist() == [0, 3, 6, 9]
+    g = torch.compile(lambda: torch.full((2, 3), 1.5, device="tpu") + 1, backend="tpu")
+    assert_same(g(), torch.full((2, 3), 2.5))
+    h = torch.compile(lambda x: (x.cpu() * 2, x + 1), backend="tpu")  # a CPU output
+    a, b = h(tpu(make((3,))))
+    assert a.device.type == "cpu" and torch.equal(a, make((3,)) * 2)
+    assert_same(b, make((3,)) + 1)
+
+
 def test_inputs_on_two_devices_raise():
     cf = torch.compile(lambda a, b: a + b, backend="tpu")
     with pytest.raises(RuntimeError, match="tpu"):

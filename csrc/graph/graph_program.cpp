@@ -151,7 +151,7 @@ std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vec
 
 namespace {
 
-int graph_device(const std::vector<at::Tensor>& inputs) {
+int graph_device(const std::vector<at::Tensor>& inputs, int fallback) {
   int device = -1;
   for (const auto& t : inputs) {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) continue;
@@ -160,7 +160,7 @@ int graph_device(const std::vector<at::Tensor>& inputs) {
                 "; move them to one device");
     device = d;
   }
-  return device < 0 ? 0 : device;
+  return device < 0 ? fallback : device;
 }
 
 // A CPU tensor's elements, dense, as a device buffer.
@@ -179,7 +179,7 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
 }  // namespace
 
 std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
-  int device = graph_device(inputs);
+  int device = graph_device(inputs, g.device);
   auto& rt = runtime::Runtime::get();
   std::vector<runtime::BufferPtr> keep;
   std::vector<PJRT_Buffer*> params;

@@ -85,6 +85,7 @@ struct CompiledGraph {
   std::vector<ParamSource> params;
   std::vector<OutputSpec> outputs;            // returned to the caller
   std::vector<std::pair<int, int>> mutations;  // (input index, program output): written back
+  int device = 0;  // where it runs when no input is a tpu tensor (factories only)
 };
 
 // Runs `g` on `inputs` (tpu tensors, or CPU tensors for CPU graph inputs):

@@ -136,7 +136,7 @@ void bind_graph(py::module& m) {
 
   py::class_<graph::CompiledGraph, std::shared_ptr<graph::CompiledGraph>>(m, "CompiledGraph")
       .def(py::init([](GraphProgram& prog, const std::string& text, const py::list& outputs,
-                       const std::vector<std::pair<int, int>>& mutations) {
+                       const std::vector<std::pair<int, int>>& mutations, int device) {
         auto cg = std::make_shared<graph::CompiledGraph>();
         {
           py::gil_scoped_release release;
@@ -154,6 +154,7 @@ void bind_graph(py::module& m) {
           cg->outputs.push_back(spec);
         }
         cg->mutations = mutations;
+        cg->device = device;
         return cg;
       }))
       .def("run", &graph::run);

@@ -123,7 +123,7 @@ class CompiledGraphFn:
         t1 = time.perf_counter()
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
             print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)
-        cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations)
+        cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations, lowered.device)
         t2 = time.perf_counter()
         stats.COUNTERS["compiled_graphs"] += 1
         stats.COUNTERS["graph_compile_seconds"] += t2 - t0

@@ -35,8 +35,9 @@ class _Val:
 class Lowered:
     """The program text plus what the runner needs to feed and unpack it."""
 
-    def __init__(self, prog, text, outputs, output_template, mutations, host):
+    def __init__(self, prog, text, outputs, output_template, mutations, host, device):
         self.prog, self.text = prog, text
+        self.device = device                     # tpu index, when no input says it
         self.host = host                         # HostPart or None
         self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
         self.output_template = output_template   # graph outputs: ("t", k), ("v", k, view), ("h", k), ("c", constant)
@@ -368,4 +369,8 @@ def lower_graph(gm, args, host_part=None):
         mutations.append((input_index, len(out_ids)))
         out_ids.append(vid)
     text = w.prog.finish(out_ids, [o[2] for o in outputs])
-    return Lowered(w.prog, text, outputs, template, mutations, host_part)
+    # Without tpu inputs (a graph of factories), the device PyTorch traced.
+    device = next((t.device.index or 0 for n in out_nodes if isinstance(n, torch.fx.Node)
+                   for t in [n.meta.get("val")] if isinstance(t, torch.Tensor) and t.device.type == "tpu"),
+                  torch.tpu.current_device())
+    return Lowered(w.prog, text, outputs, template, mutations, host_part, device)
