@@ -275,6 +275,29 @@ def test_bucketing_compiles_once_per_bucket():
     assert delta(before)["compiled_graphs"] == 2
 
 
+def test_bucketing_on_the_host_compiles_nothing_per_length():
+    """Token ids padded on the host, then moved: after one call per bucket,
+    new lengths compile no program at all."""
+    model, _, batch, _ = models.build("gpt")
+    model.eval()
+    idx, _ = batch(0)
+    m = copy.deepcopy(model).to("tpu")
+    # dynamic=False: one static graph per bucket (with dynamic=None the second
+    # bucket makes Dynamo trace a dynamic graph, which then compiles the
+    # first bucket's shape once more)
+    cm = torch.compile(m, backend="tpu", dynamic=False)
+    bm = torch_pjrt.bucketed(cm, dims={"idx": 1}, sizes=[8, 16], device="tpu")
+    with torch.no_grad():
+        bm(idx[:, :8]), bm(idx[:, :16])  # one per bucket
+        with metrics_delta() as md:
+            outs = {n: bm(idx[:, :n]) for n in (3, 5, 9, 13)}  # CPU ids
+            torch.tpu.synchronize()
+        for n, out in outs.items():
+            assert out.device.type == "tpu" and out.shape == (8, n, 64)
+            assert_same(out, model(idx[:, :n]), rtol=1e-4, atol=1e-5)
+    assert md["xla_compiles"] == 0 and md["persistent_cache_hits"] == 0 and md["compiled_graphs"] == 0
+
+
 def test_bucketing_rejects_unknown_argument():
     with pytest.raises(ValueError, match="not among the arguments"):
         torch_pjrt.bucketed(lambda x: x, dims={"y": 0}, sizes=[4])

@@ -7,6 +7,12 @@ slices the outputs back, so at most len(sizes) programs are compiled. Padding
 goes at the end, so it is exact for causal models (position t never sees
 t' > t) and for per-position outputs; a loss must ignore padded positions
 (pad its targets with the loss's ignore_index through `pad_values`).
+
+Inputs that come from the host (token ids from a data loader) are best padded
+there: with `device="tpu"` the padded arguments are moved to the device after
+padding, so nothing on the device ever has a per-length shape and no program
+at all is compiled per length. Arguments already on the device are padded by
+a small eager program per length (a few ms to compile, once per length).
 """
 import bisect
 import functools
@@ -25,11 +31,12 @@ def next_bucket(length, sizes):
     return sizes[i] if i < len(sizes) else length
 
 
-def bucketed(fn, dims, sizes, pad_values=None, output_dim=None):
+def bucketed(fn, dims, sizes, pad_values=None, output_dim=None, device=None):
     """Wraps `fn`: for each argument named (or numbered) in `dims`, its
     dimension dims[name] is padded up to next_bucket(length, sizes) with
-    pad_values.get(name, 0). Tensor outputs whose `output_dim` (default: the
-    first of dims' values) has the padded length are narrowed back."""
+    pad_values.get(name, 0), then moved to `device` if given. Tensor outputs
+    whose `output_dim` (default: the first of dims' values) has the padded
+    length are narrowed back."""
     if not dims:
         raise ValueError("torch_pjrt.bucketed: `dims` names no argument to pad")
     if not sizes or any(int(s) <= 0 for s in sizes):
@@ -63,15 +70,17 @@ def bucketed(fn, dims, sizes, pad_values=None, output_dim=None):
         if length is None:
             return fn(*args, **kwargs)
         target = next_bucket(length, sizes)
-        if target != length:
-            for key, dim in dims.items():
-                name = params[key] if isinstance(key, int) else key
-                if name in bound.arguments:
-                    t = bound.arguments[name]
-                    shape = list(t.shape)
-                    shape[dim] = target - length
-                    fill = torch.full(shape, pad_values.get(name, 0), dtype=t.dtype, device=t.device)
-                    bound.arguments[name] = torch.cat([t, fill], dim=dim)
+        for key, dim in dims.items():
+            name = params[key] if isinstance(key, int) else key
+            if name not in bound.arguments:
+                continue
+            t = bound.arguments[name]
+            if target != length:
+                shape = list(t.shape)
+                shape[dim] = target - length
+                fill = torch.full(shape, pad_values.get(name, 0), dtype=t.dtype, device=t.device)
+                t = torch.cat([t, fill], dim=dim)
+            bound.arguments[name] = t if device is None else t.to(device)
         out = fn(*bound.args, **bound.kwargs)
         if target == length:
             return out
