@@ -469,3 +469,31 @@ def test_dynamic_true_compiles_per_concrete_size():
         assert_same(g(tpu(x)), (x * x).sum(0))
     d = delta(before)
     assert d["dynamo_graphs"] == 1 and d["compiled_graphs"] == 3
+
+
+@pytest.mark.parametrize("kwargs", [{"foreach": False}, {"foreach": True, "capturable": True}, {"fused": True}],
+                         ids=["for-loop", "capturable", "fused"])
+def test_optimizer_variants_compiled_and_eager_match_cpu(kwargs):
+    """AdamW's other code paths: per-tensor loop, capturable (step counts on
+    the device: _foreach_pow(Scalar, Tensor[])), fused (Dynamo runs it as is)."""
+    model, _, batch, loss_fn = models.build("gpt")
+    x, y = batch(0)
+    loss_fn(model, x, y).backward()
+    copies = {name: copy.deepcopy(model).to(dev) for name, dev in
+              (("cpu", "cpu"), ("eager", "tpu"), ("compiled", "tpu"))}
+    for m in copies.values():
+        for p, src in zip(m.parameters(), model.parameters()):
+            p.grad = src.grad.to(p.device)
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=3e-3, **(kwargs if n != "cpu" else
+                                                              {k: v for k, v in kwargs.items() if k != "capturable"}))
+            for n, m in copies.items()}
+    step = torch.compile(opts["compiled"].step, backend="tpu")
+    before = counters()
+    for _ in range(3):
+        opts["cpu"].step()
+        opts["eager"].step()
+        step()
+    assert delta(before)["eager_graph_fallbacks"] == 0
+    for p_c, p_e, p_cpu in zip(*(copies[n].parameters() for n in ("compiled", "eager", "cpu"))):
+        assert_same(p_c, p_e.cpu(), rtol=1e-5, atol=1e-6)
+        assert_same(p_c, p_cpu, rtol=1e-5, atol=1e-6)

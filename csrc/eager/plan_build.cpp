@@ -388,7 +388,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
           }
         }
       }
-      int self_slot = forms[0].elem_slots.at(e);
+      int self_slot = inplace ? forms[0].elem_slots.at(e) : -1;  // (self may be a Scalar: _foreach_pow.ScalarAndTensor)
       if (inplace) {
         const at::Tensor& t = inst.slots.at(self_slot).tensor;
         ctx.outputs.push_back(TensorType{device::to_dtype(t.scalar_type()), t.sizes().vec()});
