@@ -81,10 +81,7 @@ class CompiledGraphFn:
             candidates = self.entries[sig] = [self._compile(args, sig)]
         self.last_signature = sig
         if candidates[0] is None:
-            stats.COUNTERS["eager_graph_fallbacks"] += 1
-            result = self.gm(*args)
-            args.clear()
-            return result
+            return self._run_eagerly(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         outs = None
         for cg, lowered in candidates:
@@ -93,21 +90,24 @@ class CompiledGraphFn:
             if outs is not None:
                 break
         if outs is None:
-            cg, lowered = self._compile(args, sig)
-            candidates.append((cg, lowered))
+            entry = self._compile(args, sig)
+            if entry is None:
+                return self._run_eagerly(args)
+            candidates.append(entry)
+            cg, lowered = entry
             outs = cg.run(tensors)
-        # (The host part runs after the program read its CPU inputs.)
-        host_values = self._run_host(lowered.host, args) if lowered.host else ()
+        # The host part (it may update CPU inputs in place, e.g. step += 1)
+        # runs after the program has read their values from before.
+        host_values = lowered.host(args) if lowered.host else ()
         args.clear()
         stats.COUNTERS["compiled_graph_runs"] += 1
         return [_unpack(outs, host_values, t) for t in lowered.output_template]
 
-    @staticmethod
-    def _run_host(host, args):
-        """Runs the host part, which may update CPU inputs in place (step +=
-        1); the program has already taken their values from before, as the
-        graph reads them."""
-        return host(args)
+    def _run_eagerly(self, args):
+        stats.COUNTERS["eager_graph_fallbacks"] += 1
+        result = self.gm(*args)
+        args.clear()
+        return result
 
     def _compile(self, args, sig):
         t0 = time.perf_counter()
