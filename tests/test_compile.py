@@ -204,20 +204,34 @@ for n in (3, 5, 8):
     assert "shape (2, 5) -> (2, 8)" in r.stderr and "cost" in r.stderr
 
 
-def test_unlowerable_op_runs_graph_eagerly_with_one_warning():
-    def f(x):
-        return torch.linalg.det(x) + 1
+def test_unlowerable_op_splits_graph_into_compiled_pieces():
+    """An op with no lowering and no decomposition (linalg.det) runs op by op
+    (here on the CPU fallback) between compiled pieces; one warning."""
+    def f(x, w):
+        y = (x @ w).relu()
+        d = torch.linalg.det(y[:, :3, :3])
+        return (y * d[:, None, None]).sum(-1) + 1
     cf = torch.compile(f, backend="tpu")
+    x, w = make((2, 3, 4)), make((4, 4), seed=1)
+    before = counters()
+    with warnings.catch_warnings(record=True) as w_:
+        warnings.simplefilter("always")
+        out = cf(*tpu((x, w)))
+        cf(*tpu((x, w)))
+    assert_same(out, f(x, w), rtol=1e-4, atol=1e-4)
+    msgs = [str(m.message) for m in w_ if "cannot lower" in str(m.message)]
+    assert len(msgs) == 1 and "det" in msgs[0] and "pieces" in msgs[0]
+    d = delta(before)
+    assert torch_pjrt.metrics()["partitioned_graphs"] >= 1
+    assert d["compiled_graphs"] == 2 and d["compiled_graph_runs"] == 4 and d["eager_graph_fallbacks"] == 0
+
+
+def test_graph_of_only_unlowerable_ops_runs_eagerly():
+    cf = torch.compile(lambda x: torch.linalg.det(x), backend="tpu")
     x = make((3, 3))
     before = counters()
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        out = cf(tpu(x))
-        cf(tpu(x))
-    assert_same(out, f(x), rtol=1e-4, atol=1e-4)
-    msgs = [str(m.message) for m in w if "runs op by op" in str(m.message)]
-    assert len(msgs) == 1 and "det" in msgs[0]
-    assert delta(before)["eager_graph_fallbacks"] == 2
+    assert_same(cf(tpu(x)), torch.linalg.det(x), rtol=1e-4, atol=1e-4)
+    assert delta(before)["eager_graph_fallbacks"] == 1
 
 
 def test_bad_shapes_raise_like_cpu():

@@ -143,6 +143,31 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
   return dst;
 }
 
+// The CPU fallback's copies of tpu arguments keep their exact layout (sizes,
+// strides, offset into a host copy of the storage): some CPU kernels pick a
+// convention from the layout (linalg's LU of a row- vs column-major matrix)
+// that their backward reads back from the input's strides. Views much smaller
+// than their storage are copied compactly instead.
+std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.device().type() != kTpu) {
+      out.push_back(t.defined() ? t.cpu() : t);
+      continue;
+    }
+    StorageBuffer& sb = storage_of(t);
+    int64_t item = lowering::itemsize(to_dtype(t.scalar_type()));
+    if (t.numel() == 0 || sb.nbytes % item != 0 || static_cast<int64_t>(sb.nbytes) > 2 * t.numel() * item) {
+      out.push_back(t.cpu());
+      continue;
+    }
+    at::Tensor bytes = at::empty({static_cast<int64_t>(sb.nbytes)}, at::TensorOptions().dtype(at::kByte));
+    runtime::Runtime::get().buffer_to_host(*ensure_buffer(sb, sb.dtype), bytes.data_ptr(), sb.nbytes);
+    out.push_back(bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset()));
+  }
+  return out;
+}
+
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   runtime::Runtime::get().buffer_to_host(*eager::materialize(self), host.data_ptr(), host.nbytes());
@@ -241,6 +266,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", _copy_from);
   m.impl("_copy_from_and_resize", _copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_to_cpu", to_cpu);
   m.impl("nonzero", nonzero);
   m.impl("repeat_interleave.Tensor", repeat_interleave_indices);
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&index_with_masks>());

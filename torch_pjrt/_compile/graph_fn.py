@@ -15,6 +15,7 @@ import torch
 from .. import _state
 from . import stats
 from .lower_graph import Unsupported, lower_graph, split_host
+from .partition import partition
 
 _warned_ops = set()
 
@@ -60,13 +61,14 @@ def _unpack(outs, host_values, entry):
 
 
 class CompiledGraphFn:
-    def __init__(self, gm, name, after_recompile=False):
+    def __init__(self, gm, name, after_recompile=False, is_piece=False):
         # AOTAutograd passes one list, which we clear. (An instance attribute:
         # the wrappers AOTAutograd puts around a backward copy only __dict__.)
         self._boxed_call = True
         self.gm = gm
         self.name = name
         self.after_recompile = after_recompile  # made by a Dynamo recompile: log its first compile too
+        self.is_piece = is_piece  # a piece of a partitioned graph: not partitioned again
         self.entries = {}  # signature -> [(C.CompiledGraph, Lowered)], or [None]: run eagerly
         self.last_signature = None
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -82,6 +84,10 @@ class CompiledGraphFn:
         self.last_signature = sig
         if candidates[0] is None:
             return self._run_eagerly(args)
+        if isinstance(candidates[0], torch.fx.GraphModule):  # pieces, see partition.py
+            result = candidates[0](*args)
+            args.clear()
+            return list(result) if isinstance(result, tuple) else result
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         outs = None
         for cg, lowered in candidates:
@@ -115,11 +121,16 @@ class CompiledGraphFn:
         try:
             lowered = lower_graph(self.gm, args, split_host(self.gm, args))
         except Unsupported as e:
+            pieces = None if self.is_piece else partition(
+                self.gm, self.name, lambda sub, name: CompiledGraphFn(sub, name, is_piece=True))
             if e.op not in _warned_ops:
                 _warned_ops.add(e.op)
-                warnings.warn(f"torch_pjrt: graph '{self.name}' runs op by op (eager): cannot lower {e}",
-                              stacklevel=3)
-            return None
+                how = ("the ops around it are compiled in pieces, it runs op by op" if pieces is not None
+                       else "the graph runs op by op (eager)")
+                warnings.warn(f"torch_pjrt: graph '{self.name}': cannot lower {e}; {how}", stacklevel=3)
+            if pieces is not None:
+                stats.COUNTERS["partitioned_graphs"] += 1
+            return pieces
         t1 = time.perf_counter()
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
             print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)

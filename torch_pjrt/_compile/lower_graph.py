@@ -185,7 +185,9 @@ class _Walker:
         fn = decomposition_table.get(op)
         if fn is None:
             raise Unsupported(op, "no lowering and no PyTorch decomposition")
-        flat, spec = tree_flatten((args, kwargs))
+        # FX's immutable lists become plain ones: decompositions may edit them.
+        plain = lambda v: [plain(e) for e in v] if isinstance(v, list) else v  # noqa: E731
+        flat, spec = tree_flatten(([plain(a) for a in args], {k: plain(v) for k, v in kwargs.items()}))
         where = [i for i, x in enumerate(flat) if isinstance(x, _Val)]
 
         def traced(*metas):
@@ -195,7 +197,10 @@ class _Walker:
             a, k = tree_unflatten(f, spec)
             return fn(*a, **k)
 
-        sub = make_fx(traced)(*[flat[i].meta for i in where])
+        try:
+            sub = make_fx(traced)(*[flat[i].meta for i in where])
+        except Exception as e:  # noqa: BLE001 - the decomposition does not apply here
+            raise Unsupported(op, f"its PyTorch decomposition failed: {e}") from e
         return self.walk(sub.graph, [flat[i] for i in where])
 
     def view(self, schema, args, out_meta):

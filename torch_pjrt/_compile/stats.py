@@ -9,7 +9,8 @@ COUNTERS = {
     "graph_recompiles": 0,         # ... for a graph that already had one for other inputs
     "graph_compile_seconds": 0.0,  # lowering + XLA compile (or persistent-cache load) of those
     "compiled_graph_runs": 0,
-    "eager_graph_fallbacks": 0,    # graphs run op by op because an op could not be lowered
+    "eager_graph_fallbacks": 0,    # graph runs op by op because an op could not be lowered (no piece could)
+    "partitioned_graphs": 0,       # graphs cut into compiled pieces around ops that cannot be lowered
 }
 
 
