@@ -93,7 +93,7 @@ def test_fallback_sees_the_tpu_layout_linalg_det_of_a_view():
     x, w0 = torch.randn(2, 3, 4), torch.randn(4, 4)
     grads = []
     for dev in ("cpu", "tpu"):
-        w = w0.to(dev).requires_grad_()
+        w = w0.clone().to(dev).requires_grad_()
         torch.linalg.det(((x.to(dev) @ w).tanh())[:, :3, :3]).sum().backward()
         grads.append(w.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
