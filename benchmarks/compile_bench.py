@@ -100,6 +100,18 @@ def _emit(obj):
     print(MARK + json.dumps(obj), flush=True)
 
 
+def _timed_first_call(res, call, sync, counters):
+    """The first call, timed up to the device sync, with its counter deltas."""
+    c0 = counters()
+    res["stage"] = "first call"
+    start = time.perf_counter()
+    out = call(0)
+    sync(out)
+    res["first_s"] = time.perf_counter() - start
+    res["first_metrics"] = _numeric_delta(counters(), c0)
+    return out
+
+
 def _numeric_delta(after, before):
     out = {}
     for k, v in after.items():
@@ -204,13 +216,8 @@ def _worker_torch(a, res):
                 "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
                 "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"]}
 
-    m0, d0 = metrics(), dynamo_counts()
-    res["stage"] = "first call"
-    start = time.perf_counter()
-    out = call(0)
-    sync(out)
-    res["first_s"] = time.perf_counter() - start
-    res["first_metrics"] = _numeric_delta(metrics(), m0)
+    d0 = dynamo_counts()
+    out = _timed_first_call(res, call, sync, metrics)
     res["first_dynamo"] = _numeric_delta(dynamo_counts(), d0)
 
     # What the first call computed, read after the clock (host copies only).
@@ -285,13 +292,7 @@ def _worker_jax(a, res):
         hits = events.get("/jax/compilation_cache/cache_hits", 0)
         return {"xla_compiles": requests - hits, "persistent_cache_hits": hits}
 
-    c0 = counts()
-    res["stage"] = "first call"
-    start = time.perf_counter()
-    out = call(0)
-    sync(out)
-    res["first_s"] = time.perf_counter() - start
-    res["first_metrics"] = _numeric_delta(counts(), c0)
+    out = _timed_first_call(res, call, sync, counts)
     if a.mode == "inference":
         o = np.asarray(out, dtype=np.float64)
         res["result"] = {"sum": float(o.sum()), "abs_sum": float(np.abs(o).sum())}

@@ -355,9 +355,9 @@ def test_model_inference(kind, mode):
         assert_same(cm(tpu(x)), model(x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["mlp", "cnn", "gpt"])
-def test_compiled_optimizer_step_matches_eager(kind):
-    model, make_opt, batch, loss_fn = models.build(kind)
+def copies_with_grads(model, batch, loss_fn):
+    """The model on cpu, and twice on tpu ("eager", "compiled"), each holding
+    the gradients of one CPU backward."""
     x, y = batch(0)
     loss_fn(model, x, y).backward()
     copies = {name: copy.deepcopy(model).to(dev) for name, dev in
@@ -365,6 +365,19 @@ def test_compiled_optimizer_step_matches_eager(kind):
     for m in copies.values():
         for p, src in zip(m.parameters(), model.parameters()):
             p.grad = src.grad.to(p.device)
+    return copies
+
+
+def assert_parameters_agree(copies):
+    for p_c, p_e, p_cpu in zip(*(copies[n].parameters() for n in ("compiled", "eager", "cpu"))):
+        assert_same(p_c, p_e.cpu(), rtol=1e-5, atol=1e-6)
+        assert_same(p_c, p_cpu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gpt"])
+def test_compiled_optimizer_step_matches_eager(kind):
+    model, make_opt, batch, loss_fn = models.build(kind)
+    copies = copies_with_grads(model, batch, loss_fn)
     opts = {name: make_opt(m.parameters()) for name, m in copies.items()}
 
     def update(name):
@@ -379,9 +392,7 @@ def test_compiled_optimizer_step_matches_eager(kind):
         for s in steps.values():
             s()
     assert delta(before)["eager_graph_fallbacks"] == 0
-    for p_c, p_e, p_cpu in zip(*(copies[n].parameters() for n in ("compiled", "eager", "cpu"))):
-        assert_same(p_c, p_e.cpu(), rtol=1e-5, atol=1e-6)
-        assert_same(p_c, p_cpu, rtol=1e-5, atol=1e-6)
+    assert_parameters_agree(copies)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
@@ -491,13 +502,7 @@ def test_optimizer_variants_compiled_and_eager_match_cpu(kwargs):
     """AdamW's other code paths: per-tensor loop, capturable (step counts on
     the device: _foreach_pow(Scalar, Tensor[])), fused (Dynamo runs it as is)."""
     model, _, batch, loss_fn = models.build("gpt")
-    x, y = batch(0)
-    loss_fn(model, x, y).backward()
-    copies = {name: copy.deepcopy(model).to(dev) for name, dev in
-              (("cpu", "cpu"), ("eager", "tpu"), ("compiled", "tpu"))}
-    for m in copies.values():
-        for p, src in zip(m.parameters(), model.parameters()):
-            p.grad = src.grad.to(p.device)
+    copies = copies_with_grads(model, batch, loss_fn)
     opts = {n: torch.optim.AdamW(m.parameters(), lr=3e-3, **(kwargs if n != "cpu" else
                                                               {k: v for k, v in kwargs.items() if k != "capturable"}))
             for n, m in copies.items()}
@@ -508,6 +513,4 @@ def test_optimizer_variants_compiled_and_eager_match_cpu(kwargs):
         opts["eager"].step()
         step()
     assert delta(before)["eager_graph_fallbacks"] == 0
-    for p_c, p_e, p_cpu in zip(*(copies[n].parameters() for n in ("compiled", "eager", "cpu"))):
-        assert_same(p_c, p_e.cpu(), rtol=1e-5, atol=1e-6)
-        assert_same(p_c, p_cpu, rtol=1e-5, atol=1e-6)
+    assert_parameters_agree(copies)

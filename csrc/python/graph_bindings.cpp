@@ -161,6 +161,12 @@ void bind_graph(py::module& m) {
 
   m.def("foreach_aliases", &eager::foreach_aliases);
   m.def("covers_storage", &graph::covers_storage);
+  // The dim order of a dense (permuted contiguous) layout, or None.
+  m.def("dense_permutation", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) -> py::object {
+    std::vector<int64_t> perm;
+    if (sizes.size() != strides.size() || !lowering::dense_permutation(sizes, strides, &perm)) return py::none();
+    return py::cast(perm);
+  });
   m.def("find_lowering", [](const std::string& name, const std::string& overload) -> py::object {
     const auto* info = lowering::find_lowering(name, overload);
     if (!info) return py::none();

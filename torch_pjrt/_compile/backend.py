@@ -8,21 +8,12 @@ import time
 
 import torch
 
-from .. import _state
 from . import stats
 from .graph_fn import CompiledGraphFn, _describe_change
+from .lower_graph import registry_lowering
 
 _graph_ids = itertools.count()
 _frames = {}  # Dynamo frame id -> signature of the example tensors it last captured
-
-
-def _has_lowering(op):
-    name = op._schema.name.split("::")[1]
-    if _state.C.find_lowering(name, op._schema.overload_name) is not None:
-        return True
-    if name.startswith("_foreach_"):
-        return _state.C.find_lowering(name[9:].rstrip("_"), op._schema.overload_name) is not None
-    return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,7 +23,7 @@ def decompositions():
     from torch._decomp import core_aten_decompositions
     table = {}
     for op, fn in core_aten_decompositions().items():
-        if isinstance(op, torch._ops.OpOverload) and not _has_lowering(op):
+        if isinstance(op, torch._ops.OpOverload) and registry_lowering(op._schema) is None:
             table[op] = fn
     return table
 

@@ -47,12 +47,24 @@ class Lowered:
 _META = torch.device("meta")
 
 
-def _is_view(schema):
+def is_view(schema):
     return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
-def _mutates(schema):
+def mutates(schema):
     return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def registry_lowering(schema):
+    """(name, overload, per_element) of the registry lowering that builds
+    this op: its own, or for a _foreach_ op its element op's; None if none."""
+    name, overload = schema.name.split("::")[1], schema.overload_name
+    if _state.C.find_lowering(name, overload) is not None:
+        return name, overload, False
+    elem = name[9:].rstrip("_")
+    if name.startswith("_foreach_") and _state.C.find_lowering(elem, overload) is not None:
+        return elem, overload, True
+    return None
 
 
 def _strided(t):
@@ -61,13 +73,7 @@ def _strided(t):
 
 def _is_dense(t):
     """Non-overlapping and dense: a permutation of a contiguous layout."""
-    strides = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
-    expected = 1
-    for st, sz in strides:
-        if st != expected:
-            return False
-        expected *= sz
-    return True
+    return _state.C.dense_permutation(list(t.shape), list(t.stride())) is not None
 
 
 def _type(t):
@@ -130,7 +136,7 @@ class _Walker:
         overload = schema.overload_name
         if name == "copy_":
             return self.copy_into_input(args[0], args[1])
-        if not schema.returns and not _mutates(schema):
+        if not schema.returns and not mutates(schema):
             return None  # assertions (_assert_tensor_metadata, ...): PyTorch checked them
         metas = tree_map(lambda v: v.meta if isinstance(v, _Val) else (_META if isinstance(v, torch.device) else v),
                          (args, kwargs))
@@ -138,17 +144,19 @@ class _Walker:
             out_meta = op(*metas[0], **metas[1])
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise Unsupported(op, f"shape inference failed: {e}") from e
-        if _is_view(schema):
+        if is_view(schema):
             return self.view(schema, args, out_meta)
-        if _mutates(schema):
+        if mutates(schema):
             raise Unsupported(op, "mutates an argument (graphs are expected functional)")
         if not any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type) for r in schema.returns):
             return out_meta  # sizes and other host values
-        if self.C.find_lowering(name, overload) is not None:
-            return self.lower(schema, name, overload, args, kwargs, out_meta)
-        if name.startswith("_foreach_") and self.C.find_lowering(name[9:].rstrip("_"), overload) is not None:
-            return self.foreach(schema, name[9:].rstrip("_"), overload, args, kwargs, out_meta)
-        return self.decompose(op, args, kwargs)
+        target = registry_lowering(schema)
+        if target is None:
+            return self.decompose(op, args, kwargs)
+        lowering, overload, per_element = target
+        if per_element:
+            return self.foreach(schema, lowering, overload, args, kwargs, out_meta)
+        return self.lower(schema, lowering, overload, args, kwargs, out_meta)
 
     def lower(self, schema, name, overload, args, kwargs, out_meta):
         single = isinstance(out_meta, torch.Tensor)

@@ -9,24 +9,19 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .. import _state
+from .lower_graph import is_view, mutates, registry_lowering
 
 
 def _lowerable(op):
     schema = op._schema
-    name = schema.name.split("::")[1]
-    if name == "copy_":
+    if schema.name == "aten::copy_":
         return False  # input writes stay with the eager part
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-        return True  # views
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+    if is_view(schema):
+        return True
+    if mutates(schema):
         return False
-    if _state.C.find_lowering(name, schema.overload_name) is not None:
-        return True
-    if name.startswith("_foreach_") and _state.C.find_lowering(name[9:].rstrip("_"), schema.overload_name):
-        return True
     from torch._decomp import decomposition_table
-    return op in decomposition_table
+    return registry_lowering(schema) is not None or op in decomposition_table
 
 
 class _Support(OperatorSupportBase):
