@@ -13,7 +13,8 @@ import torch
 
 from . import _loader, _plugin, _state, device_module
 
-__all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", "bucketed", "next_bucket"]
+__all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", "bucketed", "next_bucket",
+           "set_memory_limit", "memory_limit", "set_executable_cache_bounds", "executable_cache_bounds"]
 
 
 def _initialize():
@@ -83,3 +84,30 @@ def supported_ops_table():
 
 def clear_executable_cache():
     _state.C.clear_executable_cache()
+
+
+def executable_cache_bounds():
+    """(max entries, max bytes) of the in-memory executable cache; 0 = no bound."""
+    return tuple(_state.C.executable_cache_bounds())
+
+
+def set_executable_cache_bounds(max_entries=None, max_bytes=None):
+    """Bounds the in-memory executable cache (LRU; also set by
+    TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES / _BYTES); 0 = no bound."""
+    entries, nbytes = executable_cache_bounds()
+    _state.C.set_executable_cache_bounds(entries if max_entries is None else int(max_entries),
+                                         nbytes if max_bytes is None else int(max_bytes))
+
+
+def memory_limit(device=None):
+    """The memory limit of a tpu device in bytes (0: the device's own size)."""
+    return _state.C.memory_limit(device_module._index(device))
+
+
+def set_memory_limit(nbytes, device=None):
+    """Makes the device behave as one with `nbytes` of memory (all devices
+    when device is None): allocations past it raise torch.OutOfMemoryError.
+    0 removes the limit. TORCH_PJRT_MEMORY_LIMIT sets it at start-up."""
+    devices = range(device_module.device_count()) if device is None else [device_module._index(device)]
+    for d in devices:
+        _state.C.set_memory_limit(d, int(nbytes))

@@ -1,4 +1,5 @@
 """torch.tpu: the device module PyTorch looks up for the `tpu` device."""
+import collections
 import contextlib
 
 import torch
@@ -19,7 +20,9 @@ def is_initialized():
 
 
 def _is_in_bad_fork():
-    return False
+    """True in a child made by fork() after the parent started the PJRT client:
+    tpu use raises there (use the spawn start method). torch.manual_seed asks."""
+    return _state.C is not None and _C().in_bad_fork()
 
 
 def _lazy_init():
@@ -88,6 +91,59 @@ def max_memory_allocated(device=None):
 
 def reset_peak_memory_stats(device=None):
     _C().reset_peak_memory_stats(_index(device))
+
+
+def memory_reserved(device=None):
+    """What the plugin's allocator holds when it says (bytes_reserved), else
+    memory_allocated: there is no caching allocator of ours in between."""
+    s = memory_stats(device)
+    return s.get("plugin_bytes_reserved") or s["allocated_bytes"]
+
+
+def memory_stats(device=None):
+    """allocated_bytes (every live device buffer: tensors' storages and buffers
+    only queued work still holds; a tensor counts from its first write),
+    peak_allocated_bytes, held_by_queue_bytes, queued_executions, limit_bytes,
+    total_bytes, and the plugin's own plugin_* figures where it reports them."""
+    return dict(_C().memory_stats(_index(device)))
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes, as torch.cuda.mem_get_info: within the memory
+    limit when one is set, else the plugin's figures (host RAM for the CPU plugin)."""
+    return tuple(_C().mem_get_info(_index(device)))
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Makes the device behave as one with `fraction` of its memory
+    (allocations past it raise torch.OutOfMemoryError), as the CUDA call does."""
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    i = _index(device)
+    total = _C().total_memory(i)
+    if total <= 0:
+        raise RuntimeError(f"torch_pjrt: plugin {_C().plugin_info()['name']!r} does not report the memory "
+                           "size of the device; use torch_pjrt.set_memory_limit(bytes)")
+    _C().set_memory_limit(i, int(fraction * total))
+
+
+def get_per_process_memory_fraction(device=None):
+    i = _index(device)
+    total, limit = _C().total_memory(i), _C().memory_limit(i)
+    return 1.0 if not limit or not total else limit / total
+
+
+_DeviceProperties = collections.namedtuple("_DeviceProperties", "name type kind platform total_memory")
+
+
+def get_device_properties(device=None):
+    """name, type ("tpu"), kind (the PJRT device kind), platform (the plugin's)
+    and total_memory in bytes (the plugin's figure; host RAM for the CPU plugin)."""
+    i = _index(device)
+    info = _C().plugin_info()
+    kind = _C().device_kind(i)
+    return _DeviceProperties(name=f"{kind} ({info['platform']})", type="tpu", kind=kind,
+                             platform=info["platform"], total_memory=_C().total_memory(i))
 
 
 def default_generator(device=None):

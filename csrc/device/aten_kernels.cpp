@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "device/current_device.h"
+#include "device/device_lock.h"
 #include "device/dtype_map.h"
 #include "device/storage.h"
 #include "eager/executor.h"
@@ -85,6 +86,7 @@ void grow_storage(const at::Tensor& self, size_t nbytes) {
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
+  DeviceLock lock;
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_sizes_contiguous(size);
   size_t needed = (static_cast<size_t>(self.storage_offset()) + static_cast<size_t>(self.numel())) *
@@ -100,6 +102,20 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0) return self;
   bool dst_tpu = self.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
   auto& rt = runtime::Runtime::get();
+  if (!dst_tpu) {
+    // tpu -> host: the lock only while the source is read; the wait for the
+    // device happens outside it, so other threads' ops can be queued meanwhile.
+    TORCH_CHECK(self.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
+    at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
+    runtime::BufferPtr values;
+    {
+      DeviceLock lock;
+      values = eager::materialize(src);
+    }
+    rt.buffer_to_host(*values, host.data_ptr(), host.nbytes());
+    self.copy_(host);
+    return self;
+  }
   if (dst_tpu && src_tpu && self.device() == src.device()) {
     static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
     torch::jit::Stack stack{self, src, non_blocking};
@@ -107,26 +123,19 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     return self;
   }
   if (dst_tpu && src_tpu) {
+    DeviceLock lock;
     at::Tensor dense = src.contiguous();
     auto moved = rt.copy_to_device(*eager::materialize(dense), self.device().index(), dense.nbytes());
-    at::Tensor staged = at::empty(dense.sizes(), dense.options().device(self.device()));
-    storage_of(staged).buffer = moved;
-    storage_of(staged).dtype = to_dtype(dense.scalar_type());
+    at::Tensor staged = wrap_buffer(dense.sizes(), dense.strides(), dense.scalar_type(), self.device().index(), moved);
     return self.copy_(staged);
   }
-  if (dst_tpu) {
-    TORCH_CHECK(src.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
-    // Dtype conversion and broadcasting happen on the host, with PyTorch's CPU rules.
-    at::Tensor host = src.to(self.scalar_type()).expand(self.sizes()).contiguous();
-    auto buffer = rt.buffer_from_host(host.data_ptr(), to_pjrt(to_dtype(host.scalar_type())),
-                                      {host.numel()}, self.device().index());
-    eager::assign(self, buffer);
-    return self;
-  }
-  TORCH_CHECK(self.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
-  at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
-  rt.buffer_to_host(*eager::materialize(src), host.data_ptr(), host.nbytes());
-  self.copy_(host);
+  TORCH_CHECK(src.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
+  // Dtype conversion and broadcasting happen on the host, with PyTorch's CPU rules.
+  at::Tensor host = src.to(self.scalar_type()).expand(self.sizes()).contiguous();
+  auto buffer = rt.buffer_from_host(host.data_ptr(), to_pjrt(to_dtype(host.scalar_type())),
+                                    {host.numel()}, self.device().index());
+  DeviceLock lock;
+  eager::assign(self, buffer);
   return self;
 }
 
@@ -149,6 +158,7 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
 // that their backward reads back from the input's strides. Views much smaller
 // than their storage are copied compactly instead.
 std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
+  DeviceLock lock;
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : tensors) {
     if (!t.defined() || t.device().type() != kTpu) {
@@ -170,7 +180,12 @@ std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
-  runtime::Runtime::get().buffer_to_host(*eager::materialize(self), host.data_ptr(), host.nbytes());
+  runtime::BufferPtr values;
+  {
+    DeviceLock lock;
+    values = eager::materialize(self);
+  }
+  runtime::Runtime::get().buffer_to_host(*values, host.data_ptr(), host.nbytes());
   return host.item();
 }
 

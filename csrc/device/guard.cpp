@@ -48,12 +48,16 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, PjrtGuardImpl);
 int current_device() { return t_current_device; }
 
 void set_current_device(int index) {
-  runtime::Runtime::get().check_device(index);
+  const runtime::Runtime* rt = runtime::Runtime::get_unchecked();
+  if (rt) rt->check_device(index);
   t_current_device = index;
 }
 
+// Answers in a forked child too (PyTorch asks while seeding or starting
+// autograd threads there), without touching the plugin.
 int device_count() {
-  return runtime::Runtime::initialized() ? runtime::Runtime::get().device_count() : 0;
+  const runtime::Runtime* rt = runtime::Runtime::get_unchecked();
+  return rt ? rt->device_count() : 0;
 }
 
 }  // namespace torch_pjrt::device

@@ -32,9 +32,10 @@ StorageBuffer& storage_of(const c10::Storage& s);
 // The buffer of `sb`, created as zeros of `dtype` if it was never written.
 const runtime::BufferPtr& ensure_buffer(StorageBuffer& sb, lowering::DType dtype);
 
-// Bytes held by live storages on `device`, and the peak since the last reset.
-int64_t memory_allocated(int device);
-int64_t max_memory_allocated(int device);
-void reset_peak_memory_stats(int device);
+// A new tpu tensor whose storage holds `buffer` (elements of `dtype` in the
+// layout `sizes`/`strides`): program results. Unlike at::empty it does not
+// check the memory limit again; the program's outputs were counted at launch.
+at::Tensor wrap_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, int device,
+                       runtime::BufferPtr buffer);
 
 }  // namespace torch_pjrt::device

@@ -5,6 +5,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "device/device_lock.h"
 #include "device/dtype_map.h"
 #include "device/generator.h"
 #include "device/storage.h"
@@ -19,6 +21,7 @@
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "lowering/strided_access.h"
+#include "runtime/program_cache.h"
 
 namespace torch_pjrt::eager {
 
@@ -50,23 +53,24 @@ void put(std::string& k, c10::IntArrayRef a) {
   for (auto v : a) put(k, v);
 }
 
-std::mutex g_cache_mutex;
-// Leaked on purpose: executables must not be destroyed after the plugin at exit.
-auto& g_cache = *new std::unordered_map<std::string, std::shared_ptr<Plan>>();
+runtime::ProgramCache& cache() { return runtime::ProgramCache::get(); }
 
 std::shared_ptr<Plan> cache_find(const std::string& key) {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  auto it = g_cache.find(key);
-  return it == g_cache.end() ? nullptr : it->second;
+  return std::static_pointer_cast<Plan>(cache().find(key));
 }
 
+// What an entry weighs in the cache's byte bound: the plugin's generated
+// code size, and at least a fixed estimate of what an executable costs beyond
+// its code (the CPU plugin reports code only).
+constexpr int64_t kMinEntryBytes = 64 << 10;
+
 void cache_put(const std::string& key, std::shared_ptr<Plan> plan) {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  g_cache[key] = std::move(plan);
+  int64_t bytes = std::max<int64_t>(plan->exe ? plan->exe->code_bytes() : 0, kMinEntryBytes);
+  cache().put(key, std::move(plan), bytes);
 }
 
 // Per op overload: may float arguments be runtime inputs? Learned from the
-// first build: a lowering that reads a float's value makes it keyed by value.
+// first build with floats (floats_are_inputs); otherwise keyed by value.
 enum class FloatMode : char { Unknown, Dynamic, Static };
 std::mutex g_mode_mutex;
 std::unordered_map<std::string, FloatMode> g_float_mode;
@@ -92,9 +96,81 @@ std::string strip_namespace(const std::string& name) {
   return pos == std::string::npos ? name : name.substr(pos + 2);
 }
 
+// Values a float argument is probed with: far up and far down (a shape
+// computed from it, like arange's length, changes), and a nudge (stays valid
+// where the far ones are rejected, e.g. bernoulli's p).
+std::vector<double> probe_values(double v) {
+  double far = 1.75 * std::max(1.0, std::fabs(v)) + 0.5;
+  return {v + far, v - far, v + 0.01 * std::max(1.0, std::fabs(v))};
+}
+
+// Whether every float argument of this call may be a runtime input: the
+// program (text and out= sizes) must not change when one of them does. The
+// general rule behind "keyed by value": a lowering that reads a float's value
+// at build time, or a Meta kernel whose output shapes depend on it (arange's
+// end), gives another program for another value. Each argument is probed with
+// other values; one that changes the program, or that no probe value is
+// valid for, makes the op keyed by value.
+bool floats_are_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                       const lowering::LoweringInfo& info, const std::string& base, const std::string& overload,
+                       const Plan& plan, const std::vector<Resize>& resizes) {
+  if (plan.read_scalar_value) return false;
+  // The probes' own warnings (e.g. resizing an out= tensor) are not the user's.
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
+  // The program for `changed` arguments: nullopt when they are rejected.
+  auto same_program = [&](const std::vector<c10::IValue>& changed) -> std::optional<bool> {
+    try {
+      OpInstance other;
+      other.foreach = inst.foreach;
+      describe(other, op.schema(), changed);
+      std::vector<Resize> other_resizes;
+      torch::jit::Stack meta = run_meta(op, changed, other, &other_resizes, /*dry=*/true);
+      if (other_resizes.size() != resizes.size()) return false;
+      for (size_t k = 0; k < resizes.size(); ++k)
+        if (other_resizes[k].sizes != resizes[k].sizes) return false;
+      auto other_plan = lower(op, changed, other, info, base, overload, meta, true);
+      return !other_plan->read_scalar_value && other_plan->text == plan.text;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool is_double = args[i].isDouble();
+    bool is_list = inst.foreach && is_scalar_list(args[i]);
+    if (!is_double && !is_list) continue;
+    bool any_valid = false;
+    for (int probe = 0; probe < 3; ++probe) {
+      std::vector<c10::IValue> changed(args.begin(), args.end());
+      if (is_double) {
+        changed[i] = probe_values(args[i].toDouble())[probe];
+      } else {
+        c10::impl::GenericList list(c10::AnyType::get());
+        for (const auto& e : args[i].toListRef())
+          list.push_back(e.isDouble() ? c10::IValue(probe_values(e.toDouble())[probe]) : e);
+        changed[i] = list;
+      }
+      std::optional<bool> same = same_program(changed);
+      if (same && !*same) return false;
+      any_valid |= same.has_value();
+    }
+    if (!any_valid) return false;
+  }
+  return true;
+}
+
+bool has_float_args(const OpInstance& inst) {
+  for (const auto& s : inst.scalars)
+    if (s.from_float_arg) return true;
+  return false;
+}
+
 }  // namespace
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  device::DeviceLock lock;  // one op at a time on tpu storages (device_lock.h)
   const auto& schema = op.schema();
   size_t nargs = schema.arguments().size();
   auto args = torch::jit::last(*stack, nargs);
@@ -113,6 +189,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     if (overload == "List") lookup_overload = "Tensor";
     else if (overload == "ScalarList") lookup_overload = "Scalar";
   }
+  std::string display = op_display_name(schema);
+  runtime::OpLabel label(display);
   const lowering::LoweringInfo* info = lowering::find_lowering(base, lookup_overload);
   if (!info) {
     run_on_cpu(op, stack);
@@ -124,7 +202,6 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (inst.device >= 0)
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));
 
-  std::string display = op_display_name(schema);
   FloatMode mode = float_mode(display);
   const std::string& key = mode == FloatMode::Dynamic ? inst.key_dynamic : inst.key_static;
   std::shared_ptr<Plan> plan = cache_find(key);
@@ -140,13 +217,19 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     torch::jit::Stack meta = run_meta(op, args, inst, &resizes);
     bool dynamic = mode != FloatMode::Static;
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
-    if (dynamic && plan->read_scalar_value) {
-      // The lowering needs float values at build time: key them by value.
+    if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
+      if (floats_are_inputs(op, args, inst, *info, base, lookup_overload, *plan, resizes)) {
+        set_float_mode(display, FloatMode::Dynamic);
+      } else {
+        dynamic = false;
+        set_float_mode(display, FloatMode::Static);
+        plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
+      }
+    } else if (dynamic && plan->read_scalar_value) {
+      // (A known-dynamic op whose lowering read a float after all.)
       dynamic = false;
       set_float_mode(display, FloatMode::Static);
       plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
-    } else if (mode == FloatMode::Unknown) {
-      set_float_mode(display, FloatMode::Dynamic);
     }
     plan->resizes = std::move(resizes);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
@@ -170,9 +253,7 @@ std::vector<runtime::BufferPtr> run_cached(
     plan->exe = compile_program(b.finish(outs), "internal program");
     cache_put(key, plan);
   }
-  std::vector<PJRT_Buffer*> params;
-  for (const auto& in : inputs) params.push_back(in->get());
-  return rt().execute(*plan->exe, params, device);
+  return rt().execute(*plan->exe, inputs, device);
 }
 
 namespace {
@@ -228,14 +309,8 @@ void assign(const at::Tensor& t, runtime::BufferPtr values) {
   sb.dtype = dt;
 }
 
-int64_t executable_cache_size() {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  return static_cast<int64_t>(g_cache.size());
-}
+int64_t executable_cache_size() { return cache().size(); }
 
-void clear_executable_cache() {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  g_cache.clear();
-}
+void clear_executable_cache() { cache().clear(); }
 
 }  // namespace torch_pjrt::eager

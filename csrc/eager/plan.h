@@ -39,7 +39,7 @@ struct Resize {
 
 // Where each program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Storage, Rng, Scalars } kind;
+  enum Kind : char { Storage, Rng, Scalars, CheckWord } kind;
   int storage = -1;
   lowering::DType dtype = lowering::DType::F32;
 };
@@ -54,13 +54,14 @@ struct Plan {
   std::vector<Write> writes;
   std::vector<Resize> resizes;
   bool read_scalar_value = false;  // the lowering used a runtime scalar's value
-  std::vector<std::pair<int, std::string>> checks;  // debug mode: (bool output, message)
+  int check_output = -1;  // the updated check word (value checks), when the op has checks
 };
 
 // PyTorch's Meta kernel on meta copies of the arguments (shapes, dtypes,
-// PyTorch's own errors); out= tensors are resized, recorded in `resizes`.
+// PyTorch's own errors); out= tensors are resized, recorded in `resizes`
+// (only recorded when `dry`).
 torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                           OpInstance& inst, std::vector<Resize>* resizes);
+                           OpInstance& inst, std::vector<Resize>* resizes, bool dry = false);
 // The program (text, not compiled) of one op instance; `dynamic_floats`:
 // float arguments are runtime inputs.
 std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
@@ -71,7 +72,8 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
 void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);
 
-bool debug_mode();  // TORCH_PJRT_EAGER=debug
+bool debug_mode();      // TORCH_PJRT_EAGER=debug
+bool checks_enabled();  // TORCH_PJRT_CHECKS=on (default) | off
 // _foreach_ ops run their element op per list index; these argument names of
 // the foreach op are also passed under the element op's names.
 const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases();

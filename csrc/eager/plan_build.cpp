@@ -32,6 +32,18 @@ bool debug_mode() {
   return debug;
 }
 
+bool checks_enabled() {
+  // Debug mode always checks (it raises at the op).
+  static bool on = env_choice("TORCH_PJRT_CHECKS", "on", {"on", "off"}) == "on" || debug_mode();
+  return on;
+}
+
+int register_check(const std::string& op, const lowering::LoweringContext::Check& c) {
+  auto kind = c.error == lowering::LoweringContext::CheckError::Index ? runtime::ErrorKind::Index
+                                                                      : runtime::ErrorKind::Runtime;
+  return runtime::Runtime::get().register_check(kind, "torch_pjrt: " + op + ": " + c.message);
+}
+
 namespace {
 
 c10::IValue to_meta(const c10::IValue& v) {
@@ -90,7 +102,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_ali
 // PyTorch's own shape, dtype and error checks, on meta tensors; out= tensors
 // are resized to what the meta kernel made of them.
 torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                           OpInstance& inst, std::vector<Resize>* resizes) {
+                           OpInstance& inst, std::vector<Resize>* resizes, bool dry) {
   const auto& sargs = op.schema().arguments();
   torch::jit::Stack meta_stack;
   for (const auto& v : args) meta_stack.push_back(to_meta(v));
@@ -114,6 +126,7 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     const at::Tensor& m = meta_args[i].toTensor();
     if (m.sizes() != inst.slots[s].tensor.sizes()) {
       resizes->push_back(Resize{s, m.sizes().vec()});
+      if (dry) continue;
       inst.slots[s].tensor.resize_(m.sizes());
       // Growing swaps in a new storage.
       inst.storages[inst.slots[s].storage] = &device::storage_of(inst.slots[s].tensor);
@@ -369,6 +382,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     for (const auto& f : forms)
       if (f.per_element) { n = f.elems.size(); break; }
     bool inplace = srets.empty();
+    int out_arg = -1;
+    for (size_t i = 0; i < sargs.size(); ++i)
+      if (sargs[i].name() == "out" && is_write(sargs[i]) && args[i].isTensorList()) out_arg = static_cast<int>(i);
     TORCH_CHECK(inplace || (srets.size() == 1 && meta_stack[0].isTensorList()),
                 "torch_pjrt: ", op_display_name(schema), ": unexpected returns for a _foreach_ op");
     std::vector<at::Tensor> metas;
@@ -388,7 +404,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
           }
         }
       }
-      int self_slot = inplace ? forms[0].elem_slots.at(e) : -1;  // (self may be a Scalar: _foreach_pow.ScalarAndTensor)
+      // In place: results go to self (which may be a Scalar: _foreach_pow.ScalarAndTensor),
+      // or to `out` for the .out overloads, which return nothing either.
+      int self_slot = !inplace ? -1 : out_arg >= 0 ? forms[out_arg].elem_slots.at(e) : forms[0].elem_slots.at(e);
       if (inplace) {
         const at::Tensor& t = inst.slots.at(self_slot).tensor;
         ctx.outputs.push_back(TensorType{device::to_dtype(t.scalar_type()), t.sizes().vec()});
@@ -405,7 +423,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     if (!inplace) plan->return_arity.push_back(static_cast<int>(n));  // one Tensor[] return
   } else {
     lowering::LoweringContext ctx{b, base, overload, {}, {}, rng_state};
-    ctx.checks_enabled = debug_mode();
+    ctx.checks_enabled = checks_enabled();
     for (auto& f : forms) ctx.args.push_back(f.whole);
     // Result types: tensor returns, from the meta results.
     for (size_t r = 0; r < srets.size(); ++r) {
@@ -479,9 +497,14 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       int slot = m.index < 0 ? slot_of_arg(arg) : forms[arg].elem_slots.at(m.index);
       if (slot >= 0) write_slot(slot, m.value);  // an absent optional argument is skipped
     }
-    for (const auto& c : ctx.checks) {
-      plan->checks.emplace_back(static_cast<int>(program_outputs.size()), c.message);
-      program_outputs.push_back(c.ok);
+    if (!ctx.checks.empty()) {
+      // The device's check word in, updated with this op's checks, out.
+      std::vector<std::pair<Value, int>> folded;
+      for (const auto& c : ctx.checks) folded.emplace_back(c.ok, register_check(op_display_name(schema), c));
+      Value word = b.param(TensorType{DType::I32, {}});
+      plan->params.push_back(ParamSource{ParamSource::CheckWord});
+      plan->check_output = static_cast<int>(program_outputs.size());
+      program_outputs.push_back(lowering::fold_checks(b, word, folded));
     }
   }
   for (size_t s = 0; s < storage_value.size(); ++s) {

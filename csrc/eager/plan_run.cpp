@@ -19,12 +19,12 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
   int device = inst.device >= 0 ? inst.device : 0;
   std::vector<runtime::BufferPtr> outputs;
   if (plan.exe) {
-    std::vector<PJRT_Buffer*> params;
-    std::vector<runtime::BufferPtr> keep;
+    std::vector<runtime::BufferPtr> params;
+    params.reserve(plan.params.size());
     for (const ParamSource& p : plan.params) {
       switch (p.kind) {
         case ParamSource::Storage:
-          params.push_back(device::ensure_buffer(*inst.storages[p.storage], p.dtype)->get());
+          params.push_back(device::ensure_buffer(*inst.storages[p.storage], p.dtype));
           break;
         case ParamSource::Rng: {
           std::optional<at::Generator> gen;
@@ -32,8 +32,7 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
             if (v.isGenerator()) gen = v.toGenerator();
           auto key = device::next_rng_key(gen, device);
           int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
-          keep.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
-          params.push_back(keep.back()->get());
+          params.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
           break;
         }
         case ParamSource::Scalars: {
@@ -43,29 +42,28 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           int64_t n = static_cast<int64_t>(host.size());
           if (scalar_pack_dtype() == DType::F32) {
             std::vector<float> narrow(host.begin(), host.end());
-            keep.push_back(rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device));
+            params.push_back(rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device));
           } else {
-            keep.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64, {n}, device));
+            params.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64, {n}, device));
           }
-          params.push_back(keep.back()->get());
           break;
         }
+        case ParamSource::CheckWord:
+          params.push_back(rt().check_word(device));
+          break;
       }
     }
     outputs = rt().execute(*plan.exe, params, device);
+    if (plan.check_output >= 0) rt().set_check_word(device, outputs[plan.check_output]);
     if (debug_mode()) {
       // Wait here, so that a device error names this op (and Python's
-      // traceback points at the line that called it).
+      // traceback points at the line that called it); failed checks raise here.
+      if (plan.check_output >= 0) rt().report_checks(device, /*at_op=*/true);
       try {
         rt().synchronize(device);
       } catch (const std::exception& e) {
         TORCH_CHECK(false, "torch_pjrt: ", op_display_name(schema), " failed on ", tpu_name(device), ": ",
                     e.what());
-      }
-      for (const auto& [output, message] : plan.checks) {
-        bool ok = true;
-        rt().buffer_to_host(*outputs[output], &ok, 1);
-        TORCH_CHECK_INDEX(ok, "torch_pjrt: ", op_display_name(schema), ": ", message);
       }
     }
   }
@@ -83,17 +81,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
         return rp.constant;
       case ReturnPlan::Aliased:
         return inst.slots[rp.slot].tensor;
-      case ReturnPlan::Fresh: {
-        at::Tensor t = at::empty_strided(
-            rp.sizes, rp.strides,
-            at::TensorOptions().dtype(rp.dtype).device(c10::DeviceType::PrivateUse1, device));
-        if (t.numel() > 0) {
-          StorageBuffer& sb = device::storage_of(t);
-          sb.buffer = outputs[rp.output];
-          sb.dtype = device::to_dtype(rp.dtype);
-        }
-        return t;
-      }
+      case ReturnPlan::Fresh:
+        return device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, outputs[rp.output]);
       case ReturnPlan::HostScalar: {
         at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
         rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());

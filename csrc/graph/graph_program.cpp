@@ -3,14 +3,18 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <c10/util/Exception.h>
 
+#include "device/device_lock.h"
 #include "device/dtype_map.h"
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/executor.h"
 #include "eager/op_instance.h"
+#include "eager/plan.h"
+#include "runtime/program_cache.h"
 
 namespace torch_pjrt::graph {
 
@@ -33,6 +37,7 @@ int GraphProgram::input(int input_index, const TensorType& type) {
 }
 
 int GraphProgram::input_view(int input_index, const at::Tensor& t) {
+  device::DeviceLock lock;
   device::StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
   if (!sb.buffer) device::ensure_buffer(sb, dt);
@@ -88,8 +93,16 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
     params_.push_back(ParamSource{ParamSource::Rng, -1});
   }
   lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
+  ctx.checks_enabled = eager::checks_enabled();
   for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
   std::vector<Value> res = info->fn(ctx);
+  for (const auto& c : ctx.checks) {
+    auto kind = c.error == lowering::LoweringContext::CheckError::Index ? runtime::ErrorKind::Index
+                                                                        : runtime::ErrorKind::Runtime;
+    std::string op = "aten::" + name + (overload.empty() ? "" : "." + overload);
+    checks_.emplace_back(c.ok, runtime::Runtime::get().register_check(
+                                   kind, "torch_pjrt: " + op + " (in a compiled graph): " + c.message));
+  }
   if (res.size() != outputs.size())
     throw std::runtime_error("torch_pjrt: lowering of aten::" + name + " produced " + std::to_string(res.size()) +
                              " results, expected " + std::to_string(outputs.size()));
@@ -146,8 +159,23 @@ std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vec
       v = b_.transpose(v, perm);
     flat.push_back(b_.reshape(v, {v.type.numel()}));
   }
+  if (!checks_.empty()) {
+    Value word = b_.param(TensorType{DType::I32, {}});
+    params_.push_back(ParamSource{ParamSource::CheckWord, -1});
+    check_output_ = static_cast<int>(flat.size());
+    flat.push_back(lowering::fold_checks(b_, word, checks_));
+  }
   return b_.finish(flat);
 }
+
+void make_resident(CompiledGraph& g, runtime::ExecutablePtr exe) {
+  static std::atomic<int64_t> next{0};
+  g.cache_key = "graph#" + std::to_string(next++);
+  int64_t bytes = std::max<int64_t>(exe->code_bytes(), 64 << 10);
+  runtime::ProgramCache::get().put(g.cache_key, std::move(exe), bytes);
+}
+
+bool resident(const CompiledGraph& g) { return runtime::ProgramCache::get().find(g.cache_key) != nullptr; }
 
 namespace {
 
@@ -179,10 +207,12 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
 }  // namespace
 
 std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
+  device::DeviceLock lock;
+  auto exe = std::static_pointer_cast<runtime::Executable>(runtime::ProgramCache::get().find(g.cache_key));
+  if (!exe) return std::nullopt;  // evicted
   int device = graph_device(inputs, g.device);
   auto& rt = runtime::Runtime::get();
   std::vector<runtime::BufferPtr> keep;
-  std::vector<PJRT_Buffer*> params;
   for (const ParamSource& p : g.params) {
     if (p.kind == ParamSource::Storage) {
       const at::Tensor& t = inputs.at(p.input);
@@ -203,6 +233,8 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       auto key = device::next_rng_key(std::nullopt, device);
       int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
       keep.push_back(rt.buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
+    } else if (p.kind == ParamSource::CheckWord) {
+      keep.push_back(rt.check_word(device));
     } else {
       const at::Tensor& t = inputs.at(p.input);
       if (t.device().type() == c10::DeviceType::PrivateUse1) {
@@ -215,9 +247,9 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
         keep.push_back(upload(t, device));
       }
     }
-    params.push_back(keep.back()->get());
   }
-  std::vector<runtime::BufferPtr> outs = rt.execute(*g.exe, params, device);
+  std::vector<runtime::BufferPtr> outs = rt.execute(*exe, keep, device);
+  if (g.check_output >= 0) rt.set_check_word(device, outs.at(g.check_output));
   for (const auto& [input, output] : g.mutations) {
     const at::Tensor& t = inputs.at(input);
     if (t.device().is_cpu()) {
@@ -234,14 +266,13 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       results.push_back(download(outs.at(o.program_output), o));
       continue;
     }
-    auto options = at::TensorOptions().dtype(device::to_scalar_type(o.dtype)).device(c10::DeviceType::PrivateUse1, device);
-    at::Tensor t = o.strides.empty() ? at::empty(o.sizes, options) : at::empty_strided(o.sizes, o.strides, options);
-    if (t.numel() > 0) {
-      device::StorageBuffer& sb = device::storage_of(t);
-      sb.buffer = outs.at(o.program_output);
-      sb.dtype = o.dtype;
+    std::vector<int64_t> strides = o.strides;
+    if (strides.empty()) {
+      auto cs = c10::contiguous_strides(o.sizes);
+      strides.assign(cs.begin(), cs.end());
     }
-    results.push_back(std::move(t));
+    results.push_back(device::wrap_buffer(o.sizes, strides, device::to_scalar_type(o.dtype), device,
+                                          outs.at(o.program_output)));
   }
   return results;
 }

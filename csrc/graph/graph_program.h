@@ -20,7 +20,7 @@ namespace torch_pjrt::graph {
 
 // Where a program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Input, Rng, CpuPack, Storage } kind = Input;
+  enum Kind : char { Input, Rng, CpuPack, Storage, CheckWord } kind = Input;
   int input = -1;           // Input, Storage: index into the tensors passed to run()
   std::vector<int> inputs;  // CpuPack: CPU inputs of one dtype, concatenated
   lowering::DType dtype = lowering::DType::F32;  // CpuPack; Storage: the storage's element type
@@ -70,27 +70,38 @@ class GraphProgram {
 
   // Finishes the module with `outputs` as results, flattened as storages hold
   // them, each in the memory order of its `strides` when those are dense.
+  // With value checks, the updated check word is one more, last, output.
   std::string finish(const std::vector<int>& outputs, const std::vector<std::vector<int64_t>>& strides);
   const std::vector<ParamSource>& params() const { return params_; }
+  int check_output() const { return check_output_; }
 
  private:
   lowering::Builder b_;
   std::vector<lowering::Value> values_;
   std::vector<ParamSource> params_;
+  std::vector<std::pair<lowering::Value, int>> checks_;  // (ok, registered code)
+  int check_output_ = -1;
 };
 
-// A compiled whole-graph program and how to feed it.
+// A compiled whole-graph program and how to feed it. Its executable lives in
+// the process's ProgramCache (LRU-bounded, shared with eager programs) under
+// `cache_key`; once evicted, the frontend compiles the graph again.
 struct CompiledGraph {
-  runtime::ExecutablePtr exe;
+  std::string cache_key;
   std::vector<ParamSource> params;
+  int check_output = -1;  // program output holding the updated check word
   std::vector<OutputSpec> outputs;            // returned to the caller
   std::vector<std::pair<int, int>> mutations;  // (input index, program output): written back
   int device = 0;  // where it runs when no input is a tpu tensor (factories only)
 };
 
+// Puts `exe` in the ProgramCache under a new key for `g`.
+void make_resident(CompiledGraph& g, runtime::ExecutablePtr exe);
+bool resident(const CompiledGraph& g);
 // Runs `g` on `inputs` (tpu tensors, or CPU tensors for CPU graph inputs):
 // asynchronous unless an output or a mutated input lives on the CPU. nullopt
-// (nothing run) when a view input's geometry differs from the compiled one.
+// (nothing run) when a view input's geometry differs from the compiled one,
+// or when the executable was evicted (resident() is then false).
 std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs);
 // Whether `t` is its whole storage, dense and row-major (passed as is).
 bool covers_storage(const at::Tensor& t);

@@ -1,5 +1,7 @@
 #include "lowering/builder.h"
 
+#include <cstdint>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -156,6 +158,20 @@ Value Builder::convert(const Value& x, DType to) {
   if (to == DType::Bool) {
     // Nonzero is true, as in PyTorch (a plain convert would truncate).
     return compare(Cmp::NE, x, splat(Scalar::from_int(0), x.type));
+  }
+  if (is_float(x.dtype()) && is_integral(to, false)) {
+    // PyTorch's CPU kernels convert through int32 (int64 for int64) with the
+    // x86 rule: NaN, +-inf and values out of that range give its minimum
+    // (narrower types keep the low bits). XLA would saturate instead.
+    DType wide = to == DType::I64 ? DType::I64 : DType::I32;
+    Value xf = itemsize(x.dtype()) < 4 ? convert(x, DType::F32) : x;  // exact
+    double bound = wide == DType::I64 ? 9223372036854775808.0 : 2147483648.0;
+    Value ok = binary("and", compare(Cmp::GE, xf, splat(Scalar::from_float(-bound), xf.type)),
+                      compare(Cmp::LT, xf, splat(Scalar::from_float(bound), xf.type)));
+    Value y = op("stablehlo.convert", {xf}, TensorType{wide, x.shape()});
+    int64_t min = wide == DType::I64 ? INT64_MIN : INT32_MIN;
+    y = select(ok, y, splat(Scalar::from_int(min), y.type));
+    return wide == to ? y : op("stablehlo.convert", {y}, TensorType{to, x.shape()});
   }
   return op("stablehlo.convert", {x}, TensorType{to, x.shape()});
 }

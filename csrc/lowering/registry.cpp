@@ -107,15 +107,32 @@ Value LoweringContext::operand(const std::string& name, DType dtype) {
   return b.constant(scalar(name), dtype);
 }
 
-void LoweringContext::check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message) {
+void LoweringContext::check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message,
+                                    CheckError error) {
   if (!checks_enabled) return;
   Value i = b.convert(idx, DType::I64);
   Value in_range = b.binary("and", b.compare(Cmp::GE, i, b.splat(Scalar::from_int(lo), i.type)),
                             b.compare(Cmp::LT, i, b.splat(Scalar::from_int(hi), i.type)));
+  check_all(in_range, message, error);
+}
+
+void LoweringContext::check_all(const Value& ok, const std::string& message, CheckError error) {
+  if (!checks_enabled) return;
   std::vector<int64_t> all;
-  for (int64_t d = 0; d < i.rank(); ++d) all.push_back(d);
-  Value ok = b.reduce(in_range, b.constant(Scalar::from_bool(true), DType::Bool), all, "stablehlo.and");
-  checks.push_back(Check{ok, message});
+  for (int64_t d = 0; d < ok.rank(); ++d) all.push_back(d);
+  Value v = ok.rank() == 0 ? ok
+                           : b.reduce(ok, b.constant(Scalar::from_bool(true), DType::Bool), all, "stablehlo.and");
+  checks.push_back(Check{v, message, error});
+}
+
+Value fold_checks(Builder& b, Value word, const std::vector<std::pair<Value, int>>& checks) {
+  TensorType t{DType::I32, {}};
+  Value zero = b.splat(Scalar::from_int(0), t);
+  Value failed = zero;
+  // The first failing check wins: fold from the last one back.
+  for (auto it = checks.rbegin(); it != checks.rend(); ++it)
+    failed = b.select(it->first, failed, b.splat(Scalar::from_int(it->second), t));
+  return b.select(b.compare(Cmp::NE, word, zero), word, failed);
 }
 
 PromotionOperand LoweringContext::promotion(const std::string& name) const {

@@ -62,17 +62,24 @@ struct LoweringContext {
     mutations.push_back(Mutation{name, index, v});
   }
 
-  // Value checks that need the data (e.g. index ranges). Computed only when
-  // `checks_enabled` (TORCH_PJRT_EAGER=debug): the executor then reads each
-  // `ok` after the op and raises IndexError with the message when it is false.
+  // Value checks that need the data (index ranges, integer division by
+  // zero), computed inside the program when `checks_enabled` (TORCH_PJRT_CHECKS,
+  // on by default): the frontends fold every `ok` into the device's check
+  // word, and the next host read raises `error` with `message` (at once in
+  // debug mode), as CPU raises at the op.
+  enum class CheckError { Index, Runtime };
   struct Check {
     Value ok;  // 0-d bool
     std::string message;
+    CheckError error = CheckError::Index;
   };
   std::vector<Check> checks;
   bool checks_enabled = false;
   // Adds a check that every element of `idx` lies in [lo, hi).
-  void check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message);
+  void check_indices(const Value& idx, int64_t lo, int64_t hi, const std::string& message,
+                     CheckError error = CheckError::Index);
+  // Adds a check that every element of `ok` (bool, any shape) is true.
+  void check_all(const Value& ok, const std::string& message, CheckError error);
 
   const Arg* find(const std::string& name) const;
   const Arg& arg(const std::string& name) const;  // throws if absent
@@ -119,6 +126,10 @@ struct LoweringRegistrar {
 #define TP_CONCAT(a, b) TP_CONCAT_INNER(a, b)
 #define TORCH_PJRT_LOWERING(name, ...) \
   static ::torch_pjrt::lowering::LoweringRegistrar TP_CONCAT(tp_lowering_, __COUNTER__)(name, __FILE__, __VA_ARGS__)
+
+// The check word after `checks` (ok flags with their registered codes): the
+// incoming word if already set, else the code of the first failing check.
+Value fold_checks(Builder& b, Value word, const std::vector<std::pair<Value, int>>& checks);
 
 // Helpers shared by many lowerings.
 int64_t wrap_dim(int64_t dim, int64_t rank);

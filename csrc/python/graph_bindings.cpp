@@ -140,9 +140,10 @@ void bind_graph(py::module& m) {
         auto cg = std::make_shared<graph::CompiledGraph>();
         {
           py::gil_scoped_release release;
-          cg->exe = runtime::Runtime::get().compile(text);
+          graph::make_resident(*cg, runtime::Runtime::get().compile(text));
         }
         cg->params = prog.params();
+        cg->check_output = prog.check_output();
         for (auto o : outputs) {
           auto t = o.cast<py::tuple>();
           graph::OutputSpec spec;
@@ -157,7 +158,10 @@ void bind_graph(py::module& m) {
         cg->device = device;
         return cg;
       }))
-      .def("run", &graph::run);
+      // Without the GIL: other Python threads run while this one waits for
+      // the device lock or the device.
+      .def("run", &graph::run, py::call_guard<py::gil_scoped_release>())
+      .def("resident", &graph::resident);
 
   m.def("foreach_aliases", &eager::foreach_aliases);
   m.def("covers_storage", &graph::covers_storage);

@@ -12,6 +12,7 @@
 #include "lowering/registry.h"
 #include "python/graph_bindings.h"
 #include "runtime/pjrt_runtime.h"
+#include "runtime/program_cache.h"
 
 namespace py = pybind11;
 using namespace torch_pjrt;
@@ -49,9 +50,40 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("default_generator", [](int device) {
     return py::reinterpret_steal<py::object>(THPGenerator_Wrap(device::default_generator(device)));
   });
-  m.def("memory_allocated", &device::memory_allocated);
-  m.def("max_memory_allocated", &device::max_memory_allocated);
-  m.def("reset_peak_memory_stats", &device::reset_peak_memory_stats);
+  m.def("memory_allocated", [](int d) { return runtime::Runtime::get().memory_stats(d).allocated; });
+  m.def("max_memory_allocated", [](int d) { return runtime::Runtime::get().memory_stats(d).peak; });
+  m.def("reset_peak_memory_stats", [](int d) { runtime::Runtime::get().reset_peak(d); });
+  m.def("memory_stats", [](int d) {
+    runtime::MemoryStats s = runtime::Runtime::get().memory_stats(d);
+    py::dict r;
+    r["allocated_bytes"] = s.allocated;
+    r["peak_allocated_bytes"] = s.peak;
+    r["held_by_queue_bytes"] = s.held_by_queue;
+    r["queued_executions"] = s.queued_executions;
+    r["limit_bytes"] = s.limit;
+    r["total_bytes"] = s.total;
+    if (s.plugin_reports) {
+      r["plugin_bytes_in_use"] = s.plugin_bytes_in_use;
+      r["plugin_peak_bytes_in_use"] = s.plugin_peak_bytes_in_use;
+      r["plugin_bytes_limit"] = s.plugin_bytes_limit;
+      r["plugin_bytes_reserved"] = s.plugin_bytes_reserved;
+    }
+    return r;
+  });
+  m.def("mem_get_info", [](int d) { return runtime::Runtime::get().mem_get_info(d); });
+  m.def("total_memory", [](int d) { return runtime::Runtime::get().total_memory(d); });
+  m.def("memory_limit", [](int d) { return runtime::Runtime::get().memory_limit(d); });
+  m.def("set_memory_limit", [](int d, int64_t bytes) { runtime::Runtime::get().set_memory_limit(d, bytes); });
+  m.def("max_inflight", [] { return runtime::Runtime::get().max_inflight(); });
+  m.def("set_max_inflight", [](int n) { runtime::Runtime::get().set_max_inflight(n); });
+  m.def("in_bad_fork", &runtime::in_forked_child);
+  m.def("executable_cache_bounds", [] {
+    auto& c = runtime::ProgramCache::get();
+    return py::make_tuple(c.max_entries(), c.max_bytes());
+  });
+  m.def("set_executable_cache_bounds", [](int64_t entries, int64_t bytes) {
+    runtime::ProgramCache::get().set_bounds(entries, bytes);
+  });
   m.def("metrics", [] {
     auto& mt = runtime::metrics();
     py::dict d;
@@ -71,6 +103,12 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["persistent_cache_load_seconds"] = mt.persistent_cache_load_seconds.load();
     d["persistent_cache_save_seconds"] = mt.persistent_cache_save_seconds.load();
     d["executable_cache_size"] = eager::executable_cache_size();
+    d["executable_cache_bytes"] = runtime::ProgramCache::get().bytes();
+    d["executable_cache_evictions"] = runtime::ProgramCache::get().evictions();
+    d["queue_full_waits"] = mt.queue_full_waits.load();
+    d["memory_drains"] = mt.memory_drains.load();
+    d["out_of_memory_errors"] = mt.out_of_memory_errors.load();
+    d["device_check_failures"] = mt.device_check_failures.load();
     py::dict fallbacks;
     for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
     d["cpu_fallbacks"] = fallbacks;

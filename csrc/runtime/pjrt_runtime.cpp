@@ -2,6 +2,7 @@
 #include "pjrt_runtime.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -11,6 +12,10 @@
 #include <fstream>
 #include <optional>
 #include <stdexcept>
+
+#include "runtime/byte_size.h"
+#include "runtime/program_cache.h"
+#include "runtime/pjrt_util.h"
 
 namespace torch_pjrt::runtime {
 namespace {
@@ -25,15 +30,6 @@ std::unique_ptr<Runtime>& instance() {
   static auto* rt = new std::unique_ptr<Runtime>();
   return *rt;
 }
-
-template <typename T>
-T make_args(size_t size) {
-  T args;
-  std::memset(&args, 0, sizeof(args));
-  args.struct_size = size;
-  return args;
-}
-#define PJRT_ARGS(T) make_args<T>(T##_STRUCT_SIZE)
 
 // Serialized xla.CompileOptionsProto: executable_build_options (field 3) with
 // num_replicas = 1 (field 4) and num_partitions = 1 (field 5), then
@@ -62,18 +58,6 @@ std::string named_value_string(const PJRT_NamedValue& v) {
   return "";
 }
 
-// The error's message; frees the error.
-std::string take_message(const PJRT_Api* api, PJRT_Error* error) {
-  auto m = PJRT_ARGS(PJRT_Error_Message_Args);
-  m.error = error;
-  api->PJRT_Error_Message(&m);
-  std::string msg(m.message, m.message_size);
-  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-  d.error = error;
-  api->PJRT_Error_Destroy(&d);
-  return msg;
-}
-
 // The host CPU as far as compiled code cares: model and instruction-set
 // flags (XLA's CPU backend compiles for the host it runs on).
 std::string host_cpu_description() {
@@ -97,14 +81,6 @@ std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   return s;
-}
-
-// Frees an error nobody can act on (destructors, readiness polling).
-void discard(const PJRT_Api* api, PJRT_Error* err) {
-  if (!err) return;
-  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-  d.error = err;
-  api->PJRT_Error_Destroy(&d);
 }
 
 // A scalar client option; the caller sets the value field.
@@ -154,28 +130,85 @@ size_t element_size(PJRT_Buffer_Type type) {
   }
 }
 
-Buffer::~Buffer() {
-  auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-  args.buffer = buffer_;
-  discard(api_, api_->PJRT_Buffer_Destroy(&args));
+Executable::Executable(const PJRT_Api* api, PJRT_LoadedExecutable* exe, std::vector<int64_t> output_bytes,
+                       int64_t code_bytes)
+    : api_(api), exe_(exe), output_bytes_(std::move(output_bytes)), code_bytes_(code_bytes) {
+  for (int64_t b : output_bytes_) total_output_bytes_ += b;
 }
 
 Executable::~Executable() {
+  if (in_forked_child()) return;  // the parent's plugin state: leave it
   auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   args.executable = exe_;
   discard(api_, api_->PJRT_LoadedExecutable_Destroy(&args));
 }
 
-void Runtime::check(PJRT_Error* error, const char* what) const {
-  if (!error) return;
-  std::string msg = take_message(api_, error);
-  throw std::runtime_error("torch_pjrt: " + std::string(what) + " failed in PJRT plugin '" +
-                           info_.name + "': " + msg);
+void Runtime::raise_plugin_error(PJRT_Error* error, const char* what) const {
+  bool oom = error_code(api_, error) == PJRT_Error_Code_RESOURCE_EXHAUSTED;
+  std::string msg = "torch_pjrt: " + std::string(what) + " failed in PJRT plugin '" + info_.name +
+                    "': " + take_message(api_, error);
+  if (oom) {
+    metrics().out_of_memory_errors++;
+    if (const std::string* op = OpLabel::current()) msg += " (while running " + *op + ")";
+  }
+  raise(oom ? ErrorKind::OutOfMemory : ErrorKind::Runtime, msg);
 }
+
+void Runtime::check(PJRT_Error* error, const char* what) const {
+  if (error) raise_plugin_error(error, what);
+}
+
+namespace {
+std::atomic<bool> g_forked_child{false};
+void on_fork_child() { g_forked_child = true; }
+
+// TORCH_PJRT_MEMORY_LIMIT: bytes ("8GiB", "500M", "8e9"), or a fraction of
+// the device's memory ("0.5", "50%"). 0 / unset: no limit below the device's.
+int64_t configured_limit(int64_t total) {
+  const char* v = std::getenv("TORCH_PJRT_MEMORY_LIMIT");
+  if (!v || !*v) return 0;
+  std::string s(v);
+  bool percent = !s.empty() && s.back() == '%';
+  char* end = nullptr;
+  double number = std::strtod(s.c_str(), &end);
+  bool fraction = percent || (s.find('.') != std::string::npos && end && *end == '\0' && number <= 1.0);
+  if (fraction) {
+    double f = percent ? number / 100.0 : number;
+    if (!(f > 0 && f <= 1.0) || (percent && std::string(end) != "%"))
+      throw std::invalid_argument("torch_pjrt: TORCH_PJRT_MEMORY_LIMIT='" + s +
+                                  "': a fraction must lie in (0, 1] (e.g. 0.5 or 50%)");
+    if (total <= 0)
+      throw std::invalid_argument("torch_pjrt: TORCH_PJRT_MEMORY_LIMIT='" + s +
+                                  "' is a fraction of the device's memory, but the plugin does not report "
+                                  "its size; give bytes instead (e.g. 8GiB)");
+    return static_cast<int64_t>(f * static_cast<double>(total));
+  }
+  std::optional<int64_t> bytes = parse_byte_size(s);
+  if (!bytes)
+    throw std::invalid_argument("torch_pjrt: TORCH_PJRT_MEMORY_LIMIT must be bytes (e.g. 8GiB, 500M) or a "
+                                "fraction of the device's memory (e.g. 0.5, 50%), got '" + s + "'");
+  return *bytes;
+}
+
+int configured_max_inflight() {
+  const char* v = std::getenv("TORCH_PJRT_MAX_INFLIGHT");
+  if (!v || !*v) return 64;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (!end || *end || n < 1)
+    throw std::invalid_argument(std::string("torch_pjrt: TORCH_PJRT_MAX_INFLIGHT must be a positive number of "
+                                            "queued executions per device, got '") + v + "'");
+  return static_cast<int>(n);
+}
+}  // namespace
+
+bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
 
 void Runtime::initialize(const std::string& plugin_path, const std::string& name,
                          int64_t cpu_device_count) {
   if (instance()) return;
+  static std::once_flag fork_handler;
+  std::call_once(fork_handler, [] { ::pthread_atfork(nullptr, nullptr, &on_fork_child); });
   // Never dlclose: plugins keep threads and static state alive.
   void* handle = ::dlopen(plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle)
@@ -260,6 +293,17 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
       (api->struct_size < cache_slots || !api->PJRT_Executable_Serialize ||
        !api->PJRT_Executable_DeserializeAndLoad || !api->PJRT_LoadedExecutable_GetExecutable))
     rt->cache_->disable("plugin '" + name + "' cannot serialize executables");
+  size_t n = rt->devices_.size();
+  rt->pending_.resize(n);
+  rt->check_words_.resize(n);
+  rt->check_dirty_.assign(n, false);
+  rt->max_inflight_ = configured_max_inflight();
+  rt->limits_.reset(new std::atomic<int64_t>[n]);
+  rt->totals_.assign(n, 0);
+  for (size_t d = 0; d < n; ++d) {
+    rt->totals_[d] = rt->query_total_memory(static_cast<int>(d));
+    rt->limits_[d] = configured_limit(rt->totals_[d]);
+  }
   instance() = std::move(rt);
 }
 
@@ -268,8 +312,18 @@ bool Runtime::initialized() { return static_cast<bool>(instance()); }
 Runtime& Runtime::get() {
   if (!instance())
     throw std::runtime_error("torch_pjrt: the PJRT runtime is not initialized (import torch_pjrt)");
+  if (in_forked_child())
+    raise(ErrorKind::Runtime,
+          "torch_pjrt: cannot use the tpu device in a forked subprocess: its PJRT client (plugin '" +
+              instance()->info_.name +
+              "') was created in the parent process and does not exist in the child. To use tpu tensors "
+              "with multiprocessing, use the 'spawn' or 'forkserver' start method "
+              "(torch.multiprocessing.set_start_method('spawn'), or DataLoader(..., "
+              "multiprocessing_context='spawn')); fork workers that only touch CPU tensors keep working.");
   return *instance();
 }
+
+Runtime* Runtime::get_unchecked() { return instance().get(); }
 
 void Runtime::check_device(int index) const {
   if (index < 0 || index >= device_count())
@@ -312,12 +366,14 @@ BufferPtr Runtime::buffer_from_host(const void* data, PJRT_Buffer_Type type,
   // The plugin copies before returning, so the caller may free `data` at once.
   args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   args.device = devices_[device];
-  check(api_->PJRT_Client_BufferFromHostBuffer(&args), "host-to-device transfer");
-  await_and_destroy(args.done_with_host_buffer, "host-to-device transfer");
   size_t n = element_size(type);
   for (auto d : dims) n *= d;
+  ensure_fits(device, static_cast<int64_t>(n), "a host-to-device copy");
+  check(api_->PJRT_Client_BufferFromHostBuffer(&args), "host-to-device transfer");
+  auto buffer = std::make_shared<Buffer>(api_, args.buffer, device, static_cast<int64_t>(n));
+  await_and_destroy(args.done_with_host_buffer, "host-to-device transfer");
   metrics().host_to_device_bytes += n;
-  return std::make_shared<Buffer>(api_, args.buffer, device);
+  return buffer;
 }
 
 void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
@@ -329,6 +385,7 @@ void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
   metrics().host_waits++;
   await_and_destroy(args.event, "device-to-host transfer");
   metrics().device_to_host_bytes += nbytes;
+  report_checks(buffer.device_index());
 }
 
 BufferPtr Runtime::copy_to_device(const Buffer& buffer, int device, size_t nbytes) {
@@ -336,9 +393,10 @@ BufferPtr Runtime::copy_to_device(const Buffer& buffer, int device, size_t nbyte
   auto args = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
   args.buffer = buffer.get();
   args.dst_device = devices_[device];
+  ensure_fits(device, static_cast<int64_t>(nbytes), "a device-to-device copy");
   check(api_->PJRT_Buffer_CopyToDevice(&args), "device-to-device copy");
   metrics().device_to_device_bytes += nbytes;
-  return std::make_shared<Buffer>(api_, args.dst_buffer, device);
+  return std::make_shared<Buffer>(api_, args.dst_buffer, device, static_cast<int64_t>(nbytes));
 }
 
 // Everything an executable compiled from a given program depends on besides
@@ -368,14 +426,43 @@ ExecutablePtr Runtime::wrap(PJRT_LoadedExecutable* loaded) {
   auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
   ge.loaded_executable = loaded;
   check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
+  struct Release {  // the unloaded view is ours to destroy
+    const PJRT_Api* api;
+    PJRT_Executable* exe;
+    ~Release() {
+      auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+      ed.executable = exe;
+      discard(api, api->PJRT_Executable_Destroy(&ed));
+    }
+  } release{api_, ge.executable};
   auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   no.executable = ge.executable;
-  PJRT_Error* err = api_->PJRT_Executable_NumOutputs(&no);
-  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  ed.executable = ge.executable;
-  discard(api_, api_->PJRT_Executable_Destroy(&ed));
-  check(err, "NumOutputs");
-  return std::make_shared<Executable>(api_, loaded, no.num_outputs);
+  check(api_->PJRT_Executable_NumOutputs(&no), "NumOutputs");
+  // Output sizes: what each execution allocates (memory accounting, limit).
+  auto ot = PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args);
+  ot.executable = ge.executable;
+  check(api_->PJRT_Executable_OutputElementTypes(&ot), "OutputElementTypes");
+  auto od = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
+  od.executable = ge.executable;
+  check(api_->PJRT_Executable_OutputDimensions(&od), "OutputDimensions");
+  if (ot.num_output_types != no.num_outputs || od.num_outputs != no.num_outputs)
+    raise(ErrorKind::Runtime, "torch_pjrt: plugin '" + info_.name + "' describes " +
+                                  std::to_string(ot.num_output_types) + " output types and " +
+                                  std::to_string(od.num_outputs) + " output shapes for " +
+                                  std::to_string(no.num_outputs) + " outputs");
+  std::vector<int64_t> bytes(no.num_outputs);
+  const int64_t* dim = od.dims;
+  for (size_t i = 0; i < no.num_outputs; ++i) {
+    int64_t n = static_cast<int64_t>(element_size(ot.output_types[i]));
+    for (size_t k = 0; k < od.dim_sizes[i]; ++k) n *= *dim++;
+    bytes[i] = n;
+  }
+  auto cs = PJRT_ARGS(PJRT_Executable_SizeOfGeneratedCodeInBytes_Args);
+  cs.executable = ge.executable;
+  int64_t code = 0;
+  if (PJRT_Error* err = api_->PJRT_Executable_SizeOfGeneratedCodeInBytes(&cs)) discard(api_, err);
+  else code = cs.size_in_bytes > 0 ? cs.size_in_bytes : 0;
+  return std::make_shared<Executable>(api_, loaded, std::move(bytes), code);
 }
 
 // A hit: the entry's executable, loaded onto this client. Null on a miss or
@@ -472,78 +559,6 @@ ExecutablePtr Runtime::compile(const std::string& mlir_text) {
   ExecutablePtr exe = wrap(args.executable);
   if (key && cache_->enabled()) save_to_cache(args.executable, mlir_text, *key);
   return exe;
-}
-
-std::vector<BufferPtr> Runtime::execute(const Executable& exe,
-                                        const std::vector<PJRT_Buffer*>& args, int device) {
-  check_device(device);
-  auto options = PJRT_ARGS(PJRT_ExecuteOptions);
-  std::vector<PJRT_Buffer*> outputs(exe.num_outputs(), nullptr);
-  PJRT_Buffer* const* arg_list = args.data();
-  PJRT_Buffer** out_list = outputs.data();
-  PJRT_Event* done = nullptr;
-  auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
-  ex.executable = exe.get();
-  ex.options = &options;
-  ex.argument_lists = &arg_list;
-  ex.num_devices = 1;
-  ex.num_args = args.size();
-  ex.output_lists = &out_list;
-  ex.device_complete_events = &done;
-  ex.execute_device = devices_[device];
-  check(api_->PJRT_LoadedExecutable_Execute(&ex), "execute");
-  metrics().executions++;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_.emplace_back(device, done);
-    if (pending_.size() > 256) prune_pending_locked();
-  }
-  std::vector<BufferPtr> result;
-  result.reserve(outputs.size());
-  for (auto* b : outputs) result.push_back(std::make_shared<Buffer>(api_, b, device));
-  return result;
-}
-
-void Runtime::prune_pending_locked() {
-  std::vector<std::pair<int, PJRT_Event*>> keep;
-  for (auto& [dev, ev] : pending_) {
-    auto r = PJRT_ARGS(PJRT_Event_IsReady_Args);
-    r.event = ev;
-    PJRT_Error* err = api_->PJRT_Event_IsReady(&r);
-    if (err || !r.is_ready) {
-      discard(api_, err);
-      keep.emplace_back(dev, ev);
-      continue;
-    }
-    // Ready: an execution error (if any) surfaces again when its outputs are read.
-    auto e = PJRT_ARGS(PJRT_Event_Error_Args);
-    e.event = ev;
-    discard(api_, api_->PJRT_Event_Error(&e));
-    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    d.event = ev;
-    api_->PJRT_Event_Destroy(&d);
-  }
-  pending_.swap(keep);
-}
-
-void Runtime::synchronize(int device) {
-  metrics().host_waits++;
-  std::vector<std::pair<int, PJRT_Event*>> mine;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    std::vector<std::pair<int, PJRT_Event*>> rest;
-    for (auto& p : pending_) (device < 0 || p.first == device ? mine : rest).push_back(p);
-    pending_.swap(rest);
-  }
-  std::string first_error;
-  for (auto& [dev, ev] : mine) {
-    try {
-      await_and_destroy(ev, "execution");
-    } catch (const std::exception& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  if (!first_error.empty()) throw std::runtime_error(first_error);
 }
 
 }  // namespace torch_pjrt::runtime

@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "persistent_cache.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
@@ -36,39 +38,55 @@ struct Metrics {
   std::atomic<int64_t> persistent_cache_errors{0};
   std::atomic<double> persistent_cache_load_seconds{0.0};
   std::atomic<double> persistent_cache_save_seconds{0.0};
+  // Times a launch waited because its device had max_inflight executions
+  // queued (backpressure), and because the memory limit was reached and the
+  // queue was drained to free what queued work held.
+  std::atomic<int64_t> queue_full_waits{0};
+  std::atomic<int64_t> memory_drains{0};
+  std::atomic<int64_t> out_of_memory_errors{0};
+  std::atomic<int64_t> device_check_failures{0};  // value checks (indices, ...) reported
 };
 Metrics& metrics();
 
-// Owns one PJRT_Buffer; destroyed when the last reference goes.
+// Owns one PJRT_Buffer; destroyed when the last reference goes. Its bytes
+// (element size x elements) count in its device's memory_allocated from
+// creation to destruction.
 class Buffer {
  public:
-  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index)
-      : api_(api), buffer_(buffer), device_index_(device_index) {}
+  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   PJRT_Buffer* get() const { return buffer_; }
   int device_index() const { return device_index_; }
+  int64_t bytes() const { return bytes_; }
 
  private:
   const PJRT_Api* api_;
   PJRT_Buffer* buffer_;
   int device_index_;
+  int64_t bytes_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
 class Executable {
  public:
-  Executable(const PJRT_Api* api, PJRT_LoadedExecutable* exe, size_t num_outputs)
-      : api_(api), exe_(exe), num_outputs_(num_outputs) {}
+  Executable(const PJRT_Api* api, PJRT_LoadedExecutable* exe, std::vector<int64_t> output_bytes,
+             int64_t code_bytes);
   ~Executable();
   PJRT_LoadedExecutable* get() const { return exe_; }
-  size_t num_outputs() const { return num_outputs_; }
+  size_t num_outputs() const { return output_bytes_.size(); }
+  int64_t output_bytes(size_t i) const { return output_bytes_[i]; }
+  int64_t total_output_bytes() const { return total_output_bytes_; }
+  // Generated code as the plugin reports it (0 when it reports none).
+  int64_t code_bytes() const { return code_bytes_; }
 
  private:
   const PJRT_Api* api_;
   PJRT_LoadedExecutable* exe_;
-  size_t num_outputs_;
+  std::vector<int64_t> output_bytes_;
+  int64_t total_output_bytes_ = 0;
+  int64_t code_bytes_;
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
 
@@ -92,6 +110,27 @@ std::vector<std::pair<std::string, std::string>> discover_plugins(
 std::string resolve_plugin(const std::string& name_or_path,
                            const std::vector<std::string>& roots);
 
+// Device memory figures (memory_stats()). `allocated` is every live buffer:
+// tensors' storages and buffers only queued work still holds.
+struct MemoryStats {
+  int64_t allocated = 0;
+  int64_t peak = 0;
+  int64_t held_by_queue = 0;  // part of `allocated` no tensor owns any more
+  int64_t queued_executions = 0;
+  int64_t limit = 0;          // the effective limit (0: none)
+  int64_t total = 0;          // the device's memory (plugin figure, else host RAM for CPU; 0: unknown)
+  // The plugin's own figures, when it reports them (PJRT_Device_MemoryStats).
+  bool plugin_reports = false;
+  int64_t plugin_bytes_in_use = 0;
+  int64_t plugin_peak_bytes_in_use = 0;
+  int64_t plugin_bytes_limit = 0;
+  int64_t plugin_bytes_reserved = 0;
+};
+
+// Set in a child made by fork(): the parent's PJRT client (its threads, its
+// device state) does not exist there, so nothing may call into the plugin.
+bool in_forked_child();
+
 class Runtime {
  public:
   // Loads the plugin, checks its API version, creates the client. Throws
@@ -99,7 +138,10 @@ class Runtime {
   static void initialize(const std::string& plugin_path, const std::string& name,
                          int64_t cpu_device_count);
   static bool initialized();
+  // Raises RuntimeError in a forked child (see in_forked_child()).
   static Runtime& get();
+  // The runtime even in a forked child (device counts only); null before init.
+  static Runtime* get_unchecked();
 
   const PluginInfo& info() const { return info_; }
   const PJRT_Api* api() const { return api_; }
@@ -117,19 +159,65 @@ class Runtime {
   ExecutablePtr compile(const std::string& mlir_text);
   // The persistent executable cache; disabled() when TORCH_PJRT_CACHE_DIR="".
   PersistentCache& persistent_cache() const { return *cache_; }
-  // Asynchronous: returns the outputs at once; they become ready later.
-  std::vector<BufferPtr> execute(const Executable& exe,
-                                 const std::vector<PJRT_Buffer*>& args, int device);
-  // Waits for every execution launched so far on `device` (-1: all devices).
+  // Asynchronous: returns the outputs at once; they become ready later. The
+  // arguments and outputs stay alive (and counted) until the execution is
+  // seen complete. Waits first when `device` has max_inflight() executions
+  // queued, and raises OutOfMemory when the outputs do not fit the limit
+  // even after the queue drained.
+  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<BufferPtr>& args, int device);
+  // Waits for every execution launched so far on `device` (-1: all devices),
+  // then reports failed value checks (report_checks).
   void synchronize(int device);
+
+  // ---- memory ----
+  MemoryStats memory_stats(int device);
+  void reset_peak(int device);
+  // Bytes the device may hold (0: no limit): TORCH_PJRT_MEMORY_LIMIT (bytes
+  // or a fraction of the device's memory) or set_memory_limit.
+  int64_t memory_limit(int device) const;
+  void set_memory_limit(int device, int64_t bytes);
+  // The device's memory: the plugin's bytes_limit, else host RAM for the CPU
+  // plugin; 0 when unknown.
+  int64_t total_memory(int device) const;
+  // (free, total) as torch.cuda.mem_get_info.
+  std::pair<int64_t, int64_t> mem_get_info(int device);
+  // Raises OutOfMemory when `bytes` more do not fit the device's limit (after
+  // draining the queue, which frees what finished work held).
+  void ensure_fits(int device, int64_t bytes, const char* what);
+  int max_inflight() const { return max_inflight_; }
+  void set_max_inflight(int n) { max_inflight_ = n < 1 ? 1 : n; }
+
+  // ---- value checks (index ranges, integer division by zero) ----
+  // A checked program takes its device's check word (an s32 0-d buffer, 0 =
+  // nothing failed) and returns it, set to the code of its first failing
+  // check. Host reads and synchronize report a set word as the error
+  // registered for the code.
+  int register_check(ErrorKind kind, const std::string& message);
+  BufferPtr check_word(int device);
+  void set_check_word(int device, BufferPtr word);
+  // Raises the first failed check on `device` (-1: all), once, and resets
+  // the word. `at_op`: right after the op (debug mode), not at a later read.
+  void report_checks(int device, bool at_op = false);
 
   // Turns a PJRT error into std::runtime_error carrying the plugin's message.
   void check(PJRT_Error* error, const char* what) const;
 
  private:
   Runtime() = default;
+  struct Pending {
+    PJRT_Event* event;
+    std::vector<BufferPtr> held;  // arguments and outputs of the execution
+  };
   void await_and_destroy(PJRT_Event* event, const char* what);
-  void prune_pending_locked();
+  // Destroys the event; its error (if any) surfaces again when outputs are read.
+  void retire(Pending& p, bool wait);
+  void retire_ready_locked(int device);
+  void drain(int device);
+  std::vector<std::deque<Pending>> take_pending(int device);
+  int64_t held_by_queue(int device);
+  void read_plugin_memory(int device, MemoryStats* stats);
+  int64_t query_total_memory(int device);
+  [[noreturn]] void raise_plugin_error(PJRT_Error* error, const char* what) const;
   ExecutablePtr wrap(PJRT_LoadedExecutable* loaded);
   ExecutablePtr load_cached(const std::string& mlir_text, const Sha256::Digest& key);
   void save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
@@ -142,8 +230,18 @@ class Runtime {
   PluginInfo info_;
   std::unique_ptr<PersistentCache> cache_;
   std::mutex pending_mutex_;
-  std::vector<std::pair<int, PJRT_Event*>> pending_;  // (device, completion)
+  std::vector<std::deque<Pending>> pending_;  // per device, oldest first
+  int max_inflight_ = 64;
+  std::unique_ptr<std::atomic<int64_t>[]> limits_;  // per device, 0: none
+  std::vector<int64_t> totals_;  // per device, 0: unknown
+  std::mutex check_mutex_;
+  std::vector<BufferPtr> check_words_;  // per device; null: never checked
+  std::vector<bool> check_dirty_;       // a checked program ran since the last report
+  std::vector<std::pair<ErrorKind, std::string>> checks_;  // code - 1 -> error
 };
+
+// Live buffer bytes of `device` (and the peak), kept by Buffer.
+int64_t live_bytes(int device);
 
 size_t element_size(PJRT_Buffer_Type type);
 

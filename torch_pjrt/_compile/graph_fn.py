@@ -79,7 +79,7 @@ class CompiledGraphFn:
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         sig = _signature(args)
         candidates = self.entries.get(sig)
-        if candidates is None:
+        if not candidates:
             candidates = self.entries[sig] = [self._compile(args, sig)]
         self.last_signature = sig
         if candidates[0] is None:
@@ -90,13 +90,17 @@ class CompiledGraphFn:
             return list(result) if isinstance(result, tuple) else result
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         outs = None
-        for cg, lowered in candidates:
+        evicted = False
+        for cg, lowered in list(candidates):
             # Programs that read view inputs in place hold for one view geometry.
             outs = cg.run(tensors)
             if outs is not None:
                 break
+            if not cg.resident():  # evicted from the bounded executable cache
+                candidates.remove((cg, lowered))
+                evicted = True
         if outs is None:
-            entry = self._compile(args, sig)
+            entry = self._compile(args, sig, evicted)
             if entry is None:
                 return self._run_eagerly(args)
             candidates.append(entry)
@@ -109,13 +113,20 @@ class CompiledGraphFn:
         stats.COUNTERS["compiled_graph_runs"] += 1
         return [_unpack(outs, host_values, t) for t in lowered.output_template]
 
+    def _forget_evicted(self):
+        # Signatures whose executables the bounded cache evicted: drop what
+        # Python keeps for them too, so memory stays flat with ever new shapes.
+        for sig in [s for s, c in self.entries.items()
+                    if c and isinstance(c[0], tuple) and not any(cg.resident() for cg, _ in c)]:
+            del self.entries[sig]
+
     def _run_eagerly(self, args):
         stats.COUNTERS["eager_graph_fallbacks"] += 1
         result = self.gm(*args)
         args.clear()
         return result
 
-    def _compile(self, args, sig):
+    def _compile(self, args, sig, evicted=False):
         t0 = time.perf_counter()
         compiles0 = _state.C.metrics()["xla_compiles"]
         try:
@@ -135,6 +146,8 @@ class CompiledGraphFn:
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
             print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)
         cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations, lowered.device)
+        lowered.prog = lowered.text = None  # the builder's text is not needed to run
+        self._forget_evicted()
         t2 = time.perf_counter()
         stats.COUNTERS["compiled_graphs"] += 1
         stats.COUNTERS["graph_compile_seconds"] += t2 - t0
@@ -143,7 +156,8 @@ class CompiledGraphFn:
                 f"{'XLA compile' if xla else 'loaded from the persistent cache'} {t2 - t1:.3f} s)")
         if self.entries:  # this graph was compiled before, for other inputs
             stats.COUNTERS["graph_recompiles"] += 1
-            why = (_describe_change(self.last_signature, sig, self.placeholders) if sig not in self.entries
+            why = ("its executable was evicted from the bounded in-memory cache" if evicted
+                   else _describe_change(self.last_signature, sig, self.placeholders) if sig not in self.entries
                    else "a view input's geometry (strides, offset or storage size) changed")
             versions = sum(len(v) for v in self.entries.values()) + 1
             stats.log("recompiles", f"graph '{self.name}' recompiled: {why}; cost {cost}; {versions} versions")

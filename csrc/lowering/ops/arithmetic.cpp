@@ -29,6 +29,14 @@ std::vector<Value> mul(LoweringContext& ctx) {
   return {ctx.b.binary(dt == DType::Bool ? "and" : "multiply", a, o)};
 }
 
+// Integer division and remainder by zero raise on CPU ("ZeroDivisionError",
+// a RuntimeError); XLA returns a number.
+void check_divisor(LoweringContext& ctx, const Value& d) {
+  if (is_float(d.dtype()) || d.dtype() == DType::Bool) return;
+  ctx.check_all(ctx.b.compare(Cmp::NE, d, splat_like(ctx.b, 0, d)), "ZeroDivisionError",
+                LoweringContext::CheckError::Runtime);
+}
+
 std::vector<Value> div(LoweringContext& ctx) {
   Builder& b = ctx.b;
   std::string mode = ctx.str("rounding_mode");
@@ -36,6 +44,7 @@ std::vector<Value> div(LoweringContext& ctx) {
   if (mode.empty() && !is_float(dt)) dt = DType::F32;  // true division of integers
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  check_divisor(ctx, d);
   if (mode == "floor") return {floor_divide(b, a, d)};
   Value q = b.binary("divide", a, d);  // integer divide truncates
   if (mode == "trunc" && is_float(dt))
@@ -43,12 +52,13 @@ std::vector<Value> div(LoweringContext& ctx) {
   return {q};
 }
 
-// Binary ops computed in the promoted dtype on operands broadcast to the output.
+// Division-like ops computed in the promoted dtype on operands broadcast to the output.
 template <Value (*Fn)(Builder&, const Value&, const Value&)>
-std::vector<Value> promoted_binary(LoweringContext& ctx) {
+std::vector<Value> promoted_division(LoweringContext& ctx) {
   DType dt = compute_dtype(ctx, "self", "other");
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
+  check_divisor(ctx, d);
   return {Fn(ctx.b, a, d)};
 }
 
@@ -79,9 +89,9 @@ TORCH_PJRT_LOWERING("rsub", [](LoweringContext& c) {
 });
 TORCH_PJRT_LOWERING("mul", mul);
 TORCH_PJRT_LOWERING("div", div);
-TORCH_PJRT_LOWERING("remainder", promoted_binary<python_remainder>);
-TORCH_PJRT_LOWERING("fmod", promoted_binary<c_remainder>);
-TORCH_PJRT_LOWERING("floor_divide", promoted_binary<floor_divide>);
+TORCH_PJRT_LOWERING("remainder", promoted_division<python_remainder>);
+TORCH_PJRT_LOWERING("fmod", promoted_division<c_remainder>);
+TORCH_PJRT_LOWERING("floor_divide", promoted_division<floor_divide>);
 // xlogy(x, y) = x * log(y), 0 where x == 0, NaN where y is NaN (kl_div uses it);
 // half types computed in float32 as on CPU.
 TORCH_PJRT_LOWERING("xlogy", [](LoweringContext& ctx) -> std::vector<Value> {

@@ -1,10 +1,10 @@
 // Advanced indexing (index.Tensor, index_put and their _unsafe/_impl forms)
 // and masked_scatter (with its backward).
 //
-// Index ranges are checked only in debug mode (ctx.check_indices): otherwise
-// the values stay on the device, and XLA's gather clamps out-of-range indices
-// and its scatter drops out-of-range updates, where PyTorch raises. Negative
-// indices wrap, as in PyTorch.
+// Index ranges are checked in the program (ctx.check_indices, reported at the
+// next host read with CPU's exception type): XLA's gather itself clamps
+// out-of-range indices and its scatter drops out-of-range updates, where
+// PyTorch raises. Negative indices wrap, as in PyTorch.
 #include <algorithm>
 
 #include "lowering/ops/common.h"
@@ -164,7 +164,8 @@ Value masked_index_put(LoweringContext& ctx, const Value& self, int64_t p, const
     // The i-th true element (row-major over the mask) takes slice i along nnz_dim.
     Value pos = cumsum_1d(b, b.convert(b.reshape(mask, {m}), DType::I64));
     ctx.check_indices(b.slice(pos, {m - 1}, {m}), n, n + 1,
-                      "shape mismatch: value tensor cannot be broadcast to indexing result");
+                      "shape mismatch: value tensor cannot be broadcast to indexing result",
+                      LoweringContext::CheckError::Runtime);
     pos = b.binary("subtract", pos, b.splat(Scalar::from_int(1), pos.type));
     Shape gshape = before;
     gshape.push_back(m);
@@ -255,7 +256,8 @@ std::vector<Value> masked_scatter(LoweringContext& ctx) {
   Value flat_mask = b.reshape(mask, {n});
   Value pos = cumsum_1d(b, b.convert(flat_mask, DType::I64));
   ctx.check_indices(b.slice(pos, {n - 1}, {n}), 0, m + 1,
-                    "masked_scatter: number of elements in source < number of ones in mask");
+                    "masked_scatter: number of elements in source < number of ones in mask",
+                    LoweringContext::CheckError::Runtime);
   pos = b.binary("subtract", pos, b.splat(Scalar::from_int(1), pos.type));
   // Positions past the source's end only occur where PyTorch raises; gather clamps them.
   Value src = b.reshape(b.convert(source, out.dtype), {m});

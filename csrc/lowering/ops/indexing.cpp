@@ -1,6 +1,6 @@
 // Indexing along one dimension: index_select and gather. Index ranges are
-// checked only in debug mode (TORCH_PJRT_EAGER=debug): the check needs the
-// values, which stay on the device; otherwise XLA's gather clamps them.
+// checked in the program (ctx.check_indices, reported at the next host read),
+// since XLA's gather itself clamps them.
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -47,7 +47,8 @@ std::vector<Value> gather(LoweringContext& ctx) {
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
   ctx.check_indices(idx, 0, x.shape()[dim], "gather(): index out of bounds for dimension " +
                                                 std::to_string(dim) + " with size " +
-                                                std::to_string(x.shape()[dim]));
+                                                std::to_string(x.shape()[dim]),
+                    LoweringContext::CheckError::Runtime);
   return {gather_along(b, x, idx, dim)};
 }
 

@@ -4,7 +4,7 @@
 // elementwise ops. Half types are computed in float32 and rounded once, as the
 // CPU kernels' opmath does. `reduction` follows at::Reduction: 0 none, 1 mean,
 // 2 sum. Of the CPU kernels' checks on data, the target range of nll_loss is
-// made in debug mode (ctx.check_indices); BCE's input in [0, 1] is not.
+// made in the program (ctx.check_indices); BCE's input in [0, 1] is not.
 #include <limits>
 
 #include "lowering/ops/common.h"
@@ -77,7 +77,7 @@ Nll nll_common(LoweringContext& ctx, DType acc) {
   n.onehot = b.compare(Cmp::EQ, b.iota(it, n.cdim), b.broadcast_in_dim(target, self.shape(), other));
   n.valid = b.compare(Cmp::NE, target, b.splat(Scalar::from_int(ctx.to_int("ignore_index", -100)),
                                                target.type));
-  // Debug mode only: a target outside [0, C) that is not ignored (CPU's check).
+  // A target outside [0, C) that is not ignored (CPU's check).
   ctx.check_indices(b.select(n.valid, target, b.zeros(target.type)), 0, self.shape()[n.cdim],
                     "Target is out of bounds.");
   TensorType wt{acc, target.shape()};

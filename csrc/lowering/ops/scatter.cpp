@@ -3,10 +3,10 @@
 // index_copy, index_fill, index_reduce; index_add is the backward of
 // index_select).
 //
-// Index ranges are checked only in debug mode (ctx.check_indices): otherwise
-// the values stay on the device, and XLA's scatter drops out-of-range updates
-// where PyTorch raises. Negative indices, which PyTorch rejects here (except
-// index_fill, which wraps them), are out of range too.
+// Index ranges are checked in the program (ctx.check_indices, reported at the
+// next host read with CPU's exception type): XLA's scatter itself drops
+// out-of-range updates where PyTorch raises. Negative indices, which PyTorch
+// rejects here (except index_fill, which wraps them), are out of range too.
 #include <limits>
 
 #include "lowering/ops/common.h"
@@ -111,8 +111,9 @@ ElementScatter element_scatter(LoweringContext& ctx) {
   Value idx = index.rank() == 0 || self.rank() == 0 ? b.reshape(index, {index.type.numel()}) : index;
   e.update_shape = idx.shape();
   int64_t size = e.self.shape()[dim];
-  ctx.check_indices(idx, 0, size, "index out of bounds for dimension " + std::to_string(dim) + " with size " +
-                                      std::to_string(size));
+  ctx.check_indices(idx, 0, size,
+                    "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size),
+                    LoweringContext::CheckError::Runtime);
   Shape coord_shape = idx.shape();
   coord_shape.push_back(1);
   TensorType it{DType::I64, idx.shape()};
@@ -174,7 +175,9 @@ struct SliceScatter {
   ScatterFn scat;
 };
 
-SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative) {
+// `error`: CPU raises RuntimeError for index_add, IndexError for the others.
+SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative,
+                           LoweringContext::CheckError error = LoweringContext::CheckError::Index) {
   Builder& b = ctx.b;
   SliceScatter s;
   const Value& self = ctx.tensor("self");
@@ -187,7 +190,9 @@ SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative) {
   int64_t n = index.type.numel();
   Value idx = b.convert(b.reshape(index, {n}), DType::I64);
   int64_t size = s.self.shape()[dim];
-  ctx.check_indices(idx, wrap_negative ? -size : 0, size, "index out of range in self");
+  ctx.check_indices(idx, wrap_negative ? -size : 0, size,
+                    "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size),
+                    error);
   if (wrap_negative) {
     Value sz = b.splat(Scalar::from_int(size), idx.type);
     idx = b.select(b.compare(Cmp::LT, idx, b.zeros(idx.type)), b.binary("add", idx, sz), idx);
@@ -218,7 +223,7 @@ bool nothing_to_do(const SliceScatter& s) { return s.self.type.numel() == 0 || n
 // index_add(self, dim, index, source, alpha).
 std::vector<Value> index_add(LoweringContext& ctx) {
   Builder& b = ctx.b;
-  SliceScatter s = slice_scatter(ctx, false);
+  SliceScatter s = slice_scatter(ctx, false, LoweringContext::CheckError::Runtime);
   if (nothing_to_do(s)) return {b.reshape(s.self, ctx.out().shape)};
   DType dt = s.self.dtype();
   Value src = source_updates(ctx, s);

@@ -1,0 +1,113 @@
+#include "runtime/program_cache.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/byte_size.h"
+
+namespace torch_pjrt::runtime {
+namespace {
+
+int64_t env_size(const char* name, int64_t dflt, bool bytes) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  std::optional<int64_t> n = parse_byte_size(v);
+  if (!n || (!bytes && std::string(v).find_first_not_of("0123456789 ") != std::string::npos))
+    throw std::invalid_argument(std::string("torch_pjrt: ") + name + " must be " +
+                                (bytes ? "a size in bytes (e.g. 2GiB, 500M; 0: no bound)"
+                                       : "a number of entries (0: no bound)") +
+                                ", got '" + v + "'");
+  return *n;
+}
+
+}  // namespace
+
+ProgramCache& ProgramCache::get() {
+  // Leaked on purpose: executables must not be destroyed after the plugin at exit.
+  static ProgramCache* cache =
+      new ProgramCache(env_size("TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES", 4096, false),
+                       env_size("TORCH_PJRT_EXECUTABLE_CACHE_BYTES", int64_t(2) << 30, true));
+  return *cache;
+}
+
+ProgramCache::ProgramCache(int64_t max_entries, int64_t max_bytes)
+    : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+std::shared_ptr<void> ProgramCache::find(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return nullptr;
+  order_.splice(order_.begin(), order_, it->second.order);
+  return it->second.value;
+}
+
+void ProgramCache::put(const std::string& key, std::shared_ptr<void> value, int64_t bytes) {
+  std::vector<std::shared_ptr<void>> dropped;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      bytes_ -= it->second.bytes;
+      dropped.push_back(std::move(it->second.value));
+      order_.erase(it->second.order);
+      entries_.erase(it);
+    }
+    order_.push_front(key);
+    entries_.emplace(key, Entry{std::move(value), bytes, order_.begin()});
+    bytes_ += bytes;
+    evict_locked(&dropped);
+  }
+}
+
+void ProgramCache::evict_locked(std::vector<std::shared_ptr<void>>* dropped) {
+  while (entries_.size() > 1 &&
+         ((max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) ||
+          (max_bytes_ > 0 && bytes_ > max_bytes_))) {
+    auto victim = entries_.find(order_.back());
+    bytes_ -= victim->second.bytes;
+    dropped->push_back(std::move(victim->second.value));
+    entries_.erase(victim);
+    order_.pop_back();
+    ++evictions_;
+  }
+}
+
+void ProgramCache::clear() {
+  std::unordered_map<std::string, Entry> dropped;
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropped.swap(entries_);
+  order_.clear();
+  bytes_ = 0;
+}
+
+void ProgramCache::set_bounds(int64_t max_entries, int64_t max_bytes) {
+  std::vector<std::shared_ptr<void>> dropped;
+  std::lock_guard<std::mutex> lock(mutex_);
+  max_entries_ = max_entries;
+  max_bytes_ = max_bytes;
+  evict_locked(&dropped);
+}
+
+int64_t ProgramCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(entries_.size());
+}
+int64_t ProgramCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+int64_t ProgramCache::evictions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evictions_;
+}
+int64_t ProgramCache::max_entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return max_entries_;
+}
+int64_t ProgramCache::max_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return max_bytes_;
+}
+
+}  // namespace torch_pjrt::runtime

@@ -1,0 +1,60 @@
+// The in-memory cache of compiled programs, shared by every frontend (eager
+// op plans, internal view programs, compiled graphs): least recently used
+// entries are evicted past a bound on entries and on bytes, so a process
+// that sees ever new shapes keeps a flat footprint.
+//
+// Bounds: TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES (default 4096) and
+// TORCH_PJRT_EXECUTABLE_CACHE_BYTES (a size such as "1GiB"; default 2 GiB)
+// of the executables' generated code as the plugin reports it (a fixed
+// estimate per entry when it reports none). 0 means no bound.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torch_pjrt::runtime {
+
+class ProgramCache {
+ public:
+  // The process's cache (bounds from the environment on first use).
+  static ProgramCache& get();
+  ProgramCache(int64_t max_entries, int64_t max_bytes);
+
+  // The entry for `key`, now the most recently used; null when absent.
+  std::shared_ptr<void> find(const std::string& key);
+  // Inserts or replaces; evicts least recently used entries past the bounds
+  // (never the one just inserted).
+  void put(const std::string& key, std::shared_ptr<void> value, int64_t bytes);
+  void clear();
+  void set_bounds(int64_t max_entries, int64_t max_bytes);
+
+  int64_t size() const;
+  int64_t bytes() const;
+  int64_t evictions() const;
+  int64_t max_entries() const;
+  int64_t max_bytes() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<void> value;
+    int64_t bytes;
+    std::list<std::string>::iterator order;
+  };
+  // Drops least recently used entries past the bounds, keeping at least one.
+  void evict_locked(std::vector<std::shared_ptr<void>>* dropped);
+
+  mutable std::mutex mutex_;
+  std::list<std::string> order_;  // most recently used first
+  std::unordered_map<std::string, Entry> entries_;
+  int64_t bytes_ = 0;
+  int64_t evictions_ = 0;
+  int64_t max_entries_;
+  int64_t max_bytes_;
+};
+
+}  // namespace torch_pjrt::runtime

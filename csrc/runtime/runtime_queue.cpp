@@ -1,0 +1,202 @@
+// Asynchronous execution: launches, the bounded queue of executions in
+// flight per device (their arguments and outputs stay alive, and counted,
+// until they finish), waiting, and the device-side value checks reported at
+// host reads.
+#include <algorithm>
+#include <unordered_map>
+
+#include "runtime/pjrt_runtime.h"
+#include "runtime/pjrt_util.h"
+
+namespace torch_pjrt::runtime {
+
+std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<BufferPtr>& args, int device) {
+  check_device(device);
+  ensure_fits(device, exe.total_output_bytes(), "the program");
+  auto options = PJRT_ARGS(PJRT_ExecuteOptions);
+  std::vector<PJRT_Buffer*> arg_list(args.size());
+  for (size_t i = 0; i < args.size(); ++i) arg_list[i] = args[i]->get();
+  std::vector<PJRT_Buffer*> outputs(exe.num_outputs(), nullptr);
+  PJRT_Buffer* const* arg_ptr = arg_list.data();
+  PJRT_Buffer** out_list = outputs.data();
+  PJRT_Event* done = nullptr;
+  auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  ex.executable = exe.get();
+  ex.options = &options;
+  ex.argument_lists = &arg_ptr;
+  ex.num_devices = 1;
+  ex.num_args = args.size();
+  ex.output_lists = &out_list;
+  ex.device_complete_events = &done;
+  ex.execute_device = devices_[device];
+  check(api_->PJRT_LoadedExecutable_Execute(&ex), "execute");
+  metrics().executions++;
+  std::vector<BufferPtr> result;
+  result.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i)
+    result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
+  Pending p{done, args};
+  p.held.insert(p.held.end(), result.begin(), result.end());
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  auto& queue = pending_[device];
+  queue.push_back(std::move(p));
+  retire_ready_locked(device);
+  if (static_cast<int>(queue.size()) > max_inflight_) {
+    // Backpressure: a producer far ahead of the device waits for the oldest
+    // execution instead of growing memory without bound.
+    metrics().queue_full_waits++;
+    while (static_cast<int>(queue.size()) > max_inflight_) {
+      retire(queue.front(), true);
+      queue.pop_front();
+    }
+  }
+  return result;
+}
+
+void Runtime::retire(Pending& p, bool wait) {
+  if (!p.event) return;
+  if (wait) {
+    auto aw = PJRT_ARGS(PJRT_Event_Await_Args);
+    aw.event = p.event;
+    discard(api_, api_->PJRT_Event_Await(&aw));
+  } else {
+    auto e = PJRT_ARGS(PJRT_Event_Error_Args);
+    e.event = p.event;
+    discard(api_, api_->PJRT_Event_Error(&e));
+  }
+  auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+  d.event = p.event;
+  api_->PJRT_Event_Destroy(&d);
+  p.event = nullptr;
+  p.held.clear();
+}
+
+// Executions finish in launch order on a device; the finished prefix goes.
+void Runtime::retire_ready_locked(int device) {
+  auto& queue = pending_[device];
+  while (!queue.empty()) {
+    auto r = PJRT_ARGS(PJRT_Event_IsReady_Args);
+    r.event = queue.front().event;
+    PJRT_Error* err = r.event ? api_->PJRT_Event_IsReady(&r) : nullptr;
+    if (err) {
+      discard(api_, err);
+      return;
+    }
+    if (r.event && !r.is_ready) return;
+    retire(queue.front(), false);
+    queue.pop_front();
+  }
+}
+
+std::vector<std::deque<Runtime::Pending>> Runtime::take_pending(int device) {
+  std::vector<std::deque<Pending>> taken;
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  for (size_t d = 0; d < pending_.size(); ++d)
+    if (device < 0 || static_cast<int>(d) == device) taken.push_back(std::move(pending_[d])), pending_[d].clear();
+  return taken;
+}
+
+void Runtime::drain(int device) {
+  for (auto& queue : take_pending(device))
+    for (auto& p : queue) retire(p, true);
+}
+
+int64_t Runtime::held_by_queue(int device) {
+  // Buffers whose only owners are queue entries (no tensor holds them).
+  std::unordered_map<const Buffer*, long> refs;
+  int64_t bytes = 0;
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  for (const auto& p : pending_[device])
+    for (const auto& b : p.held) refs[b.get()]++;
+  for (const auto& p : pending_[device])
+    for (const auto& b : p.held) {
+      auto it = refs.find(b.get());
+      if (it != refs.end() && b.use_count() == it->second) bytes += b->bytes();
+      if (it != refs.end()) refs.erase(it);
+    }
+  return bytes;
+}
+
+void Runtime::synchronize(int device) {
+  metrics().host_waits++;
+  std::string first_error;
+  for (auto& queue : take_pending(device)) {
+    for (auto& p : queue) {
+      PJRT_Event* ev = p.event;
+      p.event = nullptr;
+      p.held.clear();
+      try {
+        await_and_destroy(ev, "execution");
+      } catch (const std::exception& e) {
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+  }
+  if (!first_error.empty()) raise(ErrorKind::Runtime, first_error);
+  report_checks(device);
+}
+
+// ---- value checks ----
+
+int Runtime::register_check(ErrorKind kind, const std::string& message) {
+  std::lock_guard<std::mutex> lock(check_mutex_);
+  for (size_t i = 0; i < checks_.size(); ++i)
+    if (checks_[i].first == kind && checks_[i].second == message) return static_cast<int>(i) + 1;
+  checks_.emplace_back(kind, message);
+  return static_cast<int>(checks_.size());
+}
+
+BufferPtr Runtime::check_word(int device) {
+  check_device(device);
+  {
+    std::lock_guard<std::mutex> lock(check_mutex_);
+    if (check_words_[device]) return check_words_[device];
+  }
+  int32_t zero = 0;
+  BufferPtr word = buffer_from_host(&zero, PJRT_Buffer_Type_S32, {}, device);
+  std::lock_guard<std::mutex> lock(check_mutex_);
+  if (!check_words_[device]) check_words_[device] = word;
+  return check_words_[device];
+}
+
+void Runtime::set_check_word(int device, BufferPtr word) {
+  std::lock_guard<std::mutex> lock(check_mutex_);
+  check_words_[device] = std::move(word);
+  check_dirty_[device] = true;
+}
+
+void Runtime::report_checks(int device, bool at_op) {
+  for (size_t d = 0; d < check_words_.size(); ++d) {
+    if (device >= 0 && static_cast<int>(d) != device) continue;
+    BufferPtr word;
+    {
+      std::lock_guard<std::mutex> lock(check_mutex_);
+      if (!check_dirty_[d]) continue;
+      word = check_words_[d];
+      check_dirty_[d] = false;
+    }
+    int32_t code = 0;
+    auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    args.src = word->get();
+    args.dst = &code;
+    args.dst_size = sizeof(code);
+    check(api_->PJRT_Buffer_ToHostBuffer(&args), "reading the check word");
+    await_and_destroy(args.event, "reading the check word");
+    if (code == 0) continue;
+    std::pair<ErrorKind, std::string> failed;
+    {
+      std::lock_guard<std::mutex> lock(check_mutex_);
+      check_words_[d] = nullptr;  // a fresh zero word next time
+      failed = code > 0 && code <= static_cast<int>(checks_.size())
+                   ? checks_[code - 1]
+                   : std::make_pair(ErrorKind::Runtime, std::string("unknown check ") + std::to_string(code));
+    }
+    metrics().device_check_failures++;
+    if (!at_op)
+      failed.second += " (found at the next host read or synchronize on tpu:" + std::to_string(d) +
+                       ": the op ran asynchronously; TORCH_PJRT_EAGER=debug raises at the op itself)";
+    raise(failed.first, failed.second);
+  }
+}
+
+}  // namespace torch_pjrt::runtime
