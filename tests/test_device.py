@@ -99,10 +99,15 @@ def test_save_load(tmp_path):
 
 
 def test_memory_stats():
+    # A tensor counts from its first write (docs/reliability.md): empty alone
+    # reserves nothing on the device.
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     torch.tpu.reset_peak_memory_stats()
     t = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_allocated() == before
+    t.fill_(1.0)
+    torch.tpu.synchronize()
     assert torch.tpu.memory_allocated() == before + 4096
     del t
     assert torch.tpu.memory_allocated() == before

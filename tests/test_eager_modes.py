@@ -50,11 +50,13 @@ def test_debug_mode_reports_out_of_range_index_at_the_op():
     assert "at step 5" in r.stdout  # the Python line of the faulty op
 
 
-def test_async_mode_skips_value_checks():
-    # Documented difference: without debug mode the index is clamped, as XLA does.
+def test_async_mode_reports_value_checks_at_the_next_read():
+    # The check runs in the op's program; the host read that follows raises
+    # (the traceback points at the read, as with CUDA's device-side asserts).
     r = run_python(OOB, TORCH_PJRT_EAGER="async")
     assert r.returncode == 0, r.stderr
-    assert "no error" in r.stdout
+    assert "IndexError" in r.stdout and "index_select" in r.stdout and "asynchronously" in r.stdout
+    assert "at <module> 8" in r.stdout  # the y.cpu() line
 
 
 def test_bad_eager_mode_is_rejected():

@@ -1,0 +1,99 @@
+"""The in-memory executable cache is LRU-bounded (entries and bytes) for every
+frontend: a process that sees ever new shapes keeps a flat footprint, and
+evictions are counted. Fresh processes, so the bounds and RSS are their own."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import torch_pjrt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(code, **env):
+    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TORCH_PJRT_CACHE_DIR="")
+    full.update({k: str(v) for k, v in env.items()})
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+RSS = r"""
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+"""
+
+
+def test_eager_shapes_keep_resident_memory_flat():
+    # 1,000 distinct shapes, each a new program (x * 2 + 1: two ops per shape).
+    out = run_script("import json, os, torch, torch_pjrt\n" + RSS + r"""
+x = None
+marks = {}
+for n in range(1, 1001):
+    x = torch.ones(n, 3).to("tpu")
+    (x * 2 + 1).cpu()
+    if n in (200, 1000):
+        marks[n] = rss_mib()
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps({"rss": marks, "size": m["executable_cache_size"],
+      "evictions": m["executable_cache_evictions"], "compiles": m["xla_compiles"]}))
+""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=64)
+    assert out["size"] <= 64
+    assert out["compiles"] >= 2000
+    assert out["evictions"] >= out["compiles"] - 64
+    growth = out["rss"]["1000"] - out["rss"]["200"]
+    # Unbounded, 800 more shapes cost ~130 MiB here (~1.3 MiB per shape).
+    assert growth < 25, out
+
+
+def test_byte_bound_and_runtime_setting():
+    out = run_script("import json, os, torch, torch_pjrt\n" + r"""
+torch_pjrt.set_executable_cache_bounds(max_entries=0, max_bytes=20 * 64 * 1024)
+for n in range(1, 61):
+    torch.ones(n).to("tpu").mul(3).cpu()
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps({"bounds": torch_pjrt.executable_cache_bounds(), "size": m["executable_cache_size"],
+      "bytes": m["executable_cache_bytes"], "evictions": m["executable_cache_evictions"]}))
+""")
+    assert out["bounds"] == [0, 20 * 64 * 1024]
+    assert out["bytes"] <= 20 * 64 * 1024 and out["size"] <= 20
+    assert out["evictions"] > 0
+
+
+def test_compiled_graphs_are_bounded_and_recompile_after_eviction():
+    out = run_script("import json, os, torch, torch_pjrt\n" + RSS + r"""
+import torch._dynamo
+torch._dynamo.config.cache_size_limit = 64
+f = torch.compile(lambda t: (t.sin() * 2).sum(0), backend="tpu")  # a dynamic graph after shape 2: one program per size
+marks, results = {}, []
+for n in range(1, 61):
+    results.append(bool(torch.allclose(f(torch.ones(n, 4).to("tpu")).cpu(), (torch.ones(n, 4).sin() * 2).sum(0))))
+    if n in (20, 60):
+        marks[n] = rss_mib()
+# The first shape again: evicted long ago, compiled again, still right.
+again = bool(torch.allclose(f(torch.ones(1, 4).to("tpu")).cpu(), (torch.ones(1, 4).sin() * 2).sum(0)))
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps({"ok": all(results) and again, "size": m["executable_cache_size"],
+      "evictions": m["executable_cache_evictions"], "rss": marks}))
+""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=8)
+    assert out["ok"]
+    assert out["size"] <= 8 and out["evictions"] > 40
+
+
+def test_bounds_are_in_metrics_and_default():
+    entries, nbytes = torch_pjrt.executable_cache_bounds()
+    assert entries > 0 and nbytes > 0
+    m = torch_pjrt.metrics()
+    assert m["executable_cache_size"] <= entries
+    assert "executable_cache_evictions" in m and "executable_cache_bytes" in m
+    # A hit keeps its program: the same op twice compiles once.
+    x = torch.ones(7, 5).to("tpu")
+    (x * 5.5).cpu()
+    c = torch_pjrt.metrics()["xla_compiles"]
+    (x * 5.5).cpu()
+    assert torch_pjrt.metrics()["xla_compiles"] == c

@@ -1,0 +1,184 @@
+"""Device memory: what memory_allocated() counts (every live buffer, also
+those only queued work holds), out of memory as torch.OutOfMemoryError at the
+op that asked (then the process keeps working), TORCH_PJRT_MEMORY_LIMIT /
+set_memory_limit, the bounded asynchronous queue, and the figures CUDA
+scripts read (mem_get_info, get_device_properties().total_memory)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def run_script(code, **env):
+    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    full.update({k: str(v) for k, v in env.items()})
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture
+def limit():
+    """Sets a memory limit on tpu:0 for one test, then removes it."""
+    old = torch_pjrt.memory_limit(0)
+
+    def set_(nbytes):
+        torch_pjrt.set_memory_limit(nbytes, device=0)
+    yield set_
+    torch_pjrt.set_memory_limit(old, device=0)
+
+
+def settled():
+    torch.tpu.synchronize()
+    return torch.tpu.memory_allocated()
+
+
+def test_counts_from_first_write_and_frees():
+    before = settled()
+    t = torch.empty(MiB // 4, device="tpu")  # 1 MiB, not written yet: nothing on the device
+    assert settled() == before
+    t.fill_(2.0)
+    assert settled() == before + MiB
+    u = t * 3  # a program output
+    assert settled() == before + 2 * MiB
+    del t, u
+    assert settled() == before
+
+
+def test_queued_work_holds_and_counts_its_buffers():
+    # Results whose tensors die at once still occupy the device until their
+    # executions finish: they are counted (held_by_queue_bytes) until then.
+    x = torch.randn(1024, 1024).to("tpu")
+    (x @ x).cpu()  # compiled and warm
+    before = settled()
+    for _ in range(8):  # ~tens of ms each on the CPU plugin: launched far ahead
+        y = x @ x
+        del y
+    stats = torch.tpu.memory_stats()
+    assert stats["queued_executions"] > 0
+    assert stats["held_by_queue_bytes"] >= x.nbytes
+    assert stats["allocated_bytes"] >= before + stats["held_by_queue_bytes"]
+    assert torch.tpu.max_memory_allocated() >= before + x.nbytes
+    assert settled() == before  # finished work let go of everything
+    assert torch.tpu.memory_stats()["queued_executions"] == 0
+
+
+def test_out_of_memory_raises_at_the_op_and_process_keeps_working(limit):
+    before = settled()
+    limit(before + 8 * MiB)
+    keep = [torch.ones(MiB // 4).to("tpu") for _ in range(6)]  # 6 MiB
+    x = keep[0]
+    with pytest.raises(torch.OutOfMemoryError) as e:
+        torch.cat([x] * 12)  # 12 MiB more
+    msg = str(e.value)
+    assert "tried to allocate 12.00 MiB" in msg and "6.00 MiB already in use" in msg and "limit 8.00 MiB" in msg
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate 8.00 MiB"):
+        x.reshape(-1, 1) * tpu(torch.ones(1, 8))  # a broadcast result
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate 16.00 MiB"):
+        torch.ones(4 * MiB).to("tpu")
+    with pytest.raises(torch.OutOfMemoryError, match="a new tensor tried to allocate 64.00 MiB"):
+        torch.empty(16 * MiB, device="tpu")
+    # Still working, and freeing makes room again.
+    assert (x + 1).sum().item() == 2.0 * (MiB // 4)
+    del keep  # (x keeps 1 MiB)
+    y = torch.cat([x] * 6)
+    assert y.shape[0] == 6 * (MiB // 4)
+    assert torch_pjrt.metrics()["out_of_memory_errors"] >= 3
+
+
+def test_oom_is_caught_by_users_handlers(limit):
+    w = torch.randn(256, 4096).to("tpu")  # 4 MiB
+    limit(settled() + 6 * MiB)
+    x = torch.randn(64 * 16, 256)
+    batch, fitted = 64, None
+    while batch >= 1:  # the usual "halve the batch on OOM" loop
+        try:
+            y = x[:batch * 16].to("tpu") @ w  # batch x 256 KiB
+            fitted = batch
+            break
+        except torch.OutOfMemoryError:
+            batch //= 2
+    assert fitted == 16
+    assert torch.allclose(y.cpu(), x[:256] @ w.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_empty_larger_than_the_device_raises():
+    total = torch.tpu.get_device_properties(0).total_memory
+    assert total > 0
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+        torch.empty(total // 4 + 1024, device="tpu")  # float32: just over the device
+    assert torch.zeros(4, device="tpu").sum().item() == 0
+
+
+def test_limit_from_environment_and_fraction():
+    out = run_script(r"""
+import json, torch, torch_pjrt
+r = {"limit": torch_pjrt.memory_limit(0), "info": list(torch.tpu.mem_get_info(0)),
+     "total": torch.tpu.get_device_properties(0).total_memory}
+try:
+    torch.empty(40 << 20, device="tpu")
+    r["oom"] = False
+except torch.OutOfMemoryError as e:
+    r["oom"] = True
+torch.tpu.set_per_process_memory_fraction(0.5, 0)
+r["half"] = torch_pjrt.memory_limit(0)
+r["fraction"] = torch.tpu.get_per_process_memory_fraction(0)
+print("RESULT " + json.dumps(r))
+""", TORCH_PJRT_MEMORY_LIMIT="32MiB")
+    assert out["limit"] == 32 * MiB
+    assert out["info"][1] == 32 * MiB and 0 <= out["info"][0] <= 32 * MiB
+    assert out["oom"]
+    assert out["half"] == out["total"] // 2
+    assert abs(out["fraction"] - 0.5) < 1e-6
+
+
+def test_bad_limit_setting_is_a_clear_error():
+    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TORCH_PJRT_MEMORY_LIMIT="lots")
+    p = subprocess.run([sys.executable, "-c", "import torch_pjrt"], env=full, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0 and "TORCH_PJRT_MEMORY_LIMIT" in p.stderr and "lots" in p.stderr
+
+
+def test_queue_is_bounded_and_memory_stays_near_the_limit():
+    # The issue's case: a producer far ahead of the device, each op making a
+    # large result that dies at once. The queue bound and the limit make it
+    # wait instead of growing without bound.
+    out = run_script(r"""
+import json, resource, torch, torch_pjrt
+x = torch.ones(16 << 20).to("tpu")  # 64 MiB
+torch.tpu.synchronize()
+peak_queue = 0
+for i in range(40):
+    y = x * float(i)
+    del y
+    peak_queue = max(peak_queue, torch.tpu.memory_stats()["queued_executions"])
+torch.tpu.synchronize()
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps({"peak_queue": peak_queue, "waits": m["queue_full_waits"],
+      "drains": m["memory_drains"], "max_alloc": torch.tpu.max_memory_allocated(),
+      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+""", TORCH_PJRT_MAX_INFLIGHT="4", TORCH_PJRT_MEMORY_LIMIT="512MiB")
+    assert out["peak_queue"] <= 4
+    assert out["max_alloc"] <= 512 * MiB
+    assert out["rss_mib"] < 2048, out  # 40 x 64 MiB would be 2.5 GiB
+
+
+def test_device_figures_cuda_scripts_read():
+    free, total = torch.tpu.mem_get_info()
+    props = torch.tpu.get_device_properties(0)
+    assert props.total_memory == total > 0 and 0 <= free <= total
+    assert props.type == "tpu" and props.platform == torch.tpu.get_device_name()
+    assert torch.tpu.memory_reserved() >= 0
+    s = torch.tpu.memory_stats()
+    for k in ("allocated_bytes", "peak_allocated_bytes", "held_by_queue_bytes", "limit_bytes", "total_bytes"):
+        assert k in s
