@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the results and the counters. REPEAT=n runs it n times, dropping the
 # in-memory executable cache in between (every program goes back to the
 # runtime's compile). START_FILE: wait for that file to exist first (lines up
-# concurrent processes after their slow start-up).
+# concurrent processes after their slow start-up). EXTRA=1: then one program
+# the others never build (a write after every other program was loaded).
 WORKLOAD = r"""
 import json, os, sys, time
 if os.environ.get("FSIZE_LIMIT"):  # a disk that fills up: writes fail with EFBIG
@@ -43,6 +44,8 @@ for i in range(int(os.environ.get("REPEAT", "1"))):
     y.backward()
     z = (x.to("tpu:1") * 3 - 1).exp().sum(1)
     results.append([y.item(), wt.grad.cpu().tolist(), z.cpu().tolist()])
+if os.environ.get("EXTRA"):
+    torch.arange(7.0).to("tpu").neg().cpu()
 m = torch_pjrt.metrics()
 print("RESULT " + json.dumps({"results": results,
                               "metrics": {k: v for k, v in m.items() if not isinstance(v, dict)}}))
@@ -59,8 +62,8 @@ def _env(**env):
     return full
 
 
-def start(**env):
-    return subprocess.Popen([sys.executable, "-c", WORKLOAD], env=_env(**env),
+def start(python=(sys.executable,), **env):
+    return subprocess.Popen([*python, "-c", WORKLOAD], env=_env(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -294,3 +297,131 @@ def test_cli_and_python_functions(warm, tmp_path, capsys):
     assert capsys.readouterr().out == f"removed {n} entries from {d}\n"
     assert os.listdir(d) == [] and cache.total_size(str(d)) == (0, 0)
     assert cache.clear(str(tmp_path / "missing")) == 0 and cache.entries(str(tmp_path / "missing")) == []
+
+
+# ---------------------------------------------------------------- size cap
+
+# Run as root, permission bits do not stop a process; this prefix runs Python
+# without the capabilities that bypass them (dropped from the bounding set,
+# so they are gone after exec). Not root: plain Python.
+DROP_CAPABILITIES = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for cap in (1, 2, 3):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+    if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        sys.exit(77)
+os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="module")
+def unprivileged(tmp_path_factory):
+    """The command prefix that runs Python subject to permission bits, or None
+    when this machine cannot (root without CAP_SETPCAP)."""
+    if os.geteuid() != 0:
+        return [sys.executable]
+    python = [sys.executable, "-c", DROP_CAPABILITIES]
+    locked = tmp_path_factory.mktemp("perm") / "locked"
+    locked.write_text("x")
+    locked.chmod(0)
+    r = subprocess.run([*python, "-c", f"open({str(locked)!r})"], capture_output=True, text=True)
+    return python if "PermissionError" in r.stderr else None
+
+
+def _fillers(d, sizes, first_mtime):
+    """Entries named like real ones that the workload never loads, the first
+    the least recently used."""
+    paths = []
+    for i, size in enumerate(sizes):
+        p = d / (hashlib.sha256(b"filler %d" % i).hexdigest() + cache.SUFFIX)
+        p.write_bytes(bytes(size))
+        os.utime(p, (first_mtime + i, first_mtime + i))
+        paths.append(p)
+    return paths
+
+
+def _entry_bytes(d):
+    return sum(e.size for e in cache.entries(str(d)))
+
+
+def test_size_cap_evicts_least_recently_used_and_hits_count_as_use(warm, tmp_path):
+    d = copy_of(warm, tmp_path)
+    now = time.time()
+    used = sorted(d.iterdir())
+    for p in used:  # the oldest of all: only the hits of the run can save them
+        os.utime(p, (now - 20000, now - 20000))
+    fillers = _fillers(d, [20000] * 6, now - 10000)
+    cap = _entry_bytes(d) - 6 * 20000 + 3 * 20000 + 10000
+    began = time.time()
+    # "<cap / 1000>KB": the C++ parser's decimal unit and fraction
+    results, m, err = run(TORCH_PJRT_CACHE_DIR=d, EXTRA=1,
+                          TORCH_PJRT_CACHE_MAX_SIZE=f"{cap // 1000}.{cap % 1000:03d}KB")
+    assert results == warm[1] and "torch_pjrt:" not in err, err
+    assert m["persistent_cache_hits"] == programs(warm) and m["xla_compiles"] >= 1
+    left = {e.key: e for e in cache.entries(str(d))}
+    assert _entry_bytes(d) <= cap
+    for p in used:  # kept, and each hit made it recent
+        assert left[p.name[:-len(cache.SUFFIX)]].status == "ok", left
+        assert p.stat().st_mtime >= began - 1
+    written = set(left) - {p.name[:-len(cache.SUFFIX)] for p in used + fillers}
+    assert len(written) == m["xla_compiles"]  # the new programs are kept
+    assert all(left[k].status == "ok" for k in written)
+    gone = [not p.exists() for p in fillers]
+    k = sum(gone)
+    assert gone == [True] * k + [False] * (6 - k) and 0 < k < 6  # the oldest first
+    assert _entry_bytes(d) + 20000 > cap  # and no more than needed
+    if "persistent_cache_evictions" in m:
+        assert m["persistent_cache_evictions"] == k
+
+
+def test_cap_below_one_entry_keeps_only_the_one_just_written(warm, tmp_path):
+    d = tmp_path / "cache"
+    results, m, err = run(TORCH_PJRT_CACHE_DIR=d, TORCH_PJRT_CACHE_MAX_SIZE="1")
+    assert results == warm[1] and "torch_pjrt:" not in err, err
+    n = warm[2]["xla_compiles"]
+    assert m["xla_compiles"] == n and m["persistent_cache_writes"] == n
+    found = cache.entries(str(d))
+    assert len(found) == 1 and found[0].status == "ok" and leftovers(d) == []
+    assert found[0].key in keys(warm[0])
+    if "persistent_cache_evictions" in m:
+        assert m["persistent_cache_evictions"] == n - 1
+
+
+def test_hostile_entries_and_a_bad_cap_setting_are_misses_with_a_warning(warm, tmp_path,
+                                                                         unprivileged):
+    d = copy_of(warm, tmp_path)
+    names = sorted(os.listdir(d))
+    as_dir, fifo, link_to_dir, broken_link, unreadable = (d / n for n in names[:5])
+    for p in (as_dir, fifo, link_to_dir, broken_link):
+        p.unlink()
+    as_dir.mkdir()
+    (as_dir / "inside").write_text("x")
+    os.mkfifo(fifo)  # opening it for reading would block
+    link_to_dir.symlink_to(tmp_path)
+    broken_link.symlink_to(tmp_path / "nothing")
+    unreadable.chmod(0)
+    python = unprivileged or [sys.executable]
+    results, m, err = run(python=python, TORCH_PJRT_CACHE_DIR=d,
+                          TORCH_PJRT_CACHE_MAX_SIZE="12 parsecs")
+    assert results == warm[1]
+    expected = {as_dir: "not a regular file (a directory)", fifo: "not a regular file (a FIFO)",
+                link_to_dir: "not a regular file (a directory)"}
+    if unprivileged:
+        expected[unreadable] = "cannot read: Permission denied"
+    lines = err.splitlines()
+    for path, what in expected.items():
+        line = f"torch_pjrt: ignoring cache entry {path}: {what}; recompiling"
+        assert lines.count(line) == 1, err
+    assert lines.count(f"torch_pjrt: cannot save cache entry {as_dir}: Is a directory; "
+                       "this program is not saved") == 1, err
+    assert len([ln for ln in lines if "TORCH_PJRT_CACHE_MAX_SIZE='12 parsecs' is not a size"
+                in ln and "using the default cap of 10 GiB" in ln]) == 1, err
+    assert len(lines) == len(expected) + 2, err  # writing goes on for the others
+    misses = 4 + bool(unprivileged)
+    assert m["xla_compiles"] == misses and m["persistent_cache_errors"] == len(expected)
+    assert m["persistent_cache_writes"] == misses - 1
+    # all but the directory hold the program again; nothing is evicted (cap: default)
+    assert as_dir.is_dir() and (as_dir / "inside").exists()
+    for p in (fifo, link_to_dir, broken_link, unreadable):
+        assert cache.read_entry(str(p)).status == "ok" and not p.is_symlink()
+    assert len(os.listdir(d)) == len(names) and leftovers(d) == []
