@@ -1,16 +1,21 @@
 // Persistent executable cache: entry files, atomic writes, validation.
 #include "persistent_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "pjrt_runtime.h"
@@ -62,21 +67,41 @@ bool make_dirs(const std::string& dir) {
   return true;
 }
 
-// Reads the whole file; nothing when it does not exist (errno says why).
-std::optional<std::string> read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string data;
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// Reads the whole regular file. Nothing when it cannot: `error` is empty when
+// it does not exist (a miss), else says why.
+std::optional<std::string> read_file(const std::string& path, std::string* error) {
+  error->clear();
+  // O_NONBLOCK: a FIFO named like an entry must not block the open.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno != ENOENT && errno != ENOTDIR) *error = "cannot read: " + errno_text();
+    return std::nullopt;
+  }
   struct stat st;
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) data.reserve(st.st_size);
+  bool stat_ok = ::fstat(fd, &st) == 0;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    *error = stat_ok ? std::string("not a regular file (") + file_kind(st.st_mode) + ")"
+                     : "cannot read: " + errno_text();
+    ::close(fd);
+    return std::nullopt;
+  }
+  std::string data;
+  if (st.st_size > 0) data.reserve(st.st_size);
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      int saved = errno;
+      *error = "cannot read: " + errno_text();
       ::close(fd);
-      errno = saved;
       return std::nullopt;
     }
     if (n == 0) break;
@@ -84,6 +109,21 @@ std::optional<std::string> read_file(const std::string& path) {
   }
   ::close(fd);
   return data;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What counts toward the cap, as in cache.py: `*.pjrtexe` (not hidden).
+bool is_entry_name(const std::string& name) {
+  return name[0] != '.' && ends_with(name, PersistentCache::kSuffix);
+}
+
+// A temporary file of store() (".<hex>.tmp.<pid>.<random>").
+bool is_temp_name(const std::string& name) {
+  return name[0] == '.' && name.find(".tmp.") != std::string::npos;
 }
 
 bool write_all(int fd, const std::string& data) {
@@ -145,10 +185,70 @@ std::string PersistentCache::configured_dir() {
   return std::string(home) + "/.cache/torch_pjrt/executables";
 }
 
+std::optional<uint64_t> PersistentCache::parse_size(const std::string& text,
+                                                    std::string* error) {
+  auto fail = [&](const std::string& why) -> std::optional<uint64_t> {
+    if (error) *error = why;
+    return std::nullopt;
+  };
+  std::string s;
+  for (char c : text) s += char(std::tolower(static_cast<unsigned char>(c)));
+  size_t begin = s.find_first_not_of(" \t"), end = s.find_last_not_of(" \t");
+  s = begin == std::string::npos ? "" : s.substr(begin, end - begin + 1);
+  if (s == "none" || s == "unlimited") return 0;
+  // Exact integer arithmetic (no floating point), so cache.py agrees to the byte.
+  unsigned __int128 whole = 0, fraction = 0, scale = 1;
+  size_t i = 0, digits = 0;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
+    whole = whole * 10 + (s[i] - '0');
+    if (whole > (unsigned __int128)INT64_MAX) return fail("too large");
+  }
+  if (i < s.size() && s[i] == '.') {
+    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
+      if (scale >= (unsigned __int128)1000000000000000000ull) continue;  // 18 digits: plenty
+      fraction = fraction * 10 + (s[i] - '0');
+      scale *= 10;
+    }
+  }
+  if (digits == 0) return fail("expected a number");
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  std::string unit = s.substr(i);
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1},           {"b", 1},
+      {"k", 1ull << 10}, {"kib", 1ull << 10}, {"kb", 1000ull},
+      {"m", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1000000ull},
+      {"g", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1000000000ull},
+      {"t", 1ull << 40}, {"tib", 1ull << 40}, {"tb", 1000000000000ull}};
+  for (const auto& [name, multiplier] : kUnits) {
+    if (unit != name) continue;
+    unsigned __int128 bytes = whole * multiplier + fraction * multiplier / scale;
+    if (bytes > (unsigned __int128)INT64_MAX) return fail("too large");
+    return uint64_t(bytes);
+  }
+  return fail("unknown unit '" + unit + "'");
+}
+
+uint64_t PersistentCache::configured_max_size(std::string* warning) {
+  const char* env = std::getenv("TORCH_PJRT_CACHE_MAX_SIZE");
+  if (!env || !env[0]) return kDefaultMaxSize;
+  std::string why;
+  if (auto bytes = parse_size(env, &why)) return *bytes;
+  if (warning)
+    *warning = std::string("torch_pjrt: TORCH_PJRT_CACHE_MAX_SIZE='") + env +
+               "' is not a size (" + why +
+               "; bytes or a number with a unit: 500M, 2G, 1.5GiB, 10GB; 0, none or "
+               "unlimited: no cap); using the default cap of " +
+               std::to_string(kDefaultMaxSize >> 30) + " GiB";
+  return kDefaultMaxSize;
+}
+
 PersistentCache::PersistentCache(std::string dir, std::string identity)
     : dir_(std::move(dir)), identity_(std::move(identity)) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   if (dir_.empty()) enabled_ = false;
+  std::string warning;
+  max_size_ = configured_max_size(&warning);
+  if (enabled() && !warning.empty()) warn_once("max_size", warning);
 }
 
 Sha256::Digest PersistentCache::key(const std::string& program,
@@ -205,10 +305,10 @@ std::optional<std::string> PersistentCache::load(const Sha256::Digest& key,
                                                  size_t program_size) {
   if (!enabled()) return std::nullopt;
   std::string file = path(key);
-  auto data = read_file(file);
+  std::string error;
+  auto data = read_file(file, &error);
   if (!data) {
-    if (errno != ENOENT && errno != ENOTDIR)
-      report_bad_entry(file, "cannot read: " + errno_text());
+    if (!error.empty()) report_bad_entry(file, error);
     return std::nullopt;
   }
   const std::string& d = *data;
@@ -248,6 +348,9 @@ std::optional<std::string> PersistentCache::load(const Sha256::Digest& key,
   auto checksum = Sha256::of(d.data() + kHeaderSize + identity_size, payload_size);
   if (std::memcmp(d.data() + 64, checksum.data(), checksum.size()) != 0)
     return bad("corrupted payload (checksum mismatch)");
+  // Its last use, for the size cap. A cache shared read-only cannot be
+  // touched; recency is then only a hint, so failures are ignored.
+  ::utimensat(AT_FDCWD, file.c_str(), nullptr, 0);
   return d.substr(kHeaderSize + identity_size);
 }
 
@@ -295,8 +398,18 @@ bool PersistentCache::store(const Sha256::Digest& key, size_t program_size,
     error = errno_text();
   }
   if (ok && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    // Only this entry's name is taken (a directory, a file of another user in
+    // a sticky directory): the other programs can still be saved.
+    if (saved == EISDIR || saved == ENOTEMPTY || saved == EEXIST || saved == EPERM) {
+      warn_once("entry-write:" + final_path, "torch_pjrt: cannot save cache entry " +
+                                                 final_path + ": " + std::strerror(saved) +
+                                                 "; this program is not saved");
+      return false;
+    }
     ok = false;
-    error = errno_text();
+    error = std::strerror(saved);
   }
   if (!ok) {
     if (fd >= 0) ::unlink(tmp.c_str());
@@ -306,7 +419,62 @@ bool PersistentCache::store(const Sha256::Digest& key, size_t program_size,
     return false;
   }
   metrics().persistent_cache_writes++;
+  if (max_size_) enforce_cap(Sha256::hex(key) + kSuffix);
   return true;
+}
+
+void PersistentCache::enforce_cap(const std::string& keep) {
+  DIR* dir = ::opendir(dir_.c_str());
+  if (!dir) {
+    warn_once("scan", "torch_pjrt: cannot list the persistent executable cache " + dir_ + ": " +
+                          errno_text() + "; its size cap is not enforced");
+    return;
+  }
+  struct File {
+    struct timespec mtime;
+    std::string name;
+    uint64_t size;
+  };
+  std::vector<File> files;
+  uint64_t total = 0;
+  time_t stale_before = std::time(nullptr) - kStaleTempSeconds;
+  int fd = ::dirfd(dir);
+  while (struct dirent* e = ::readdir(dir)) {
+    std::string name = e->d_name;
+    bool entry = is_entry_name(name), temp = !entry && is_temp_name(name);
+    struct stat st;
+    // Not following symlinks: a link takes no room here, and deleting its
+    // target would reach outside the cache. Gone meanwhile: skipped.
+    if ((!entry && !temp) || ::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode))
+      continue;
+    if (temp) {
+      if (st.st_mtime < stale_before) ::unlinkat(fd, name.c_str(), 0);
+      continue;
+    }
+    total += st.st_size;
+    files.push_back({st.st_mtim, std::move(name), uint64_t(st.st_size)});
+  }
+  if (total > max_size_) {
+    std::sort(files.begin(), files.end(), [](const File& a, const File& b) {
+      return std::tie(a.mtime.tv_sec, a.mtime.tv_nsec, a.name) <
+             std::tie(b.mtime.tv_sec, b.mtime.tv_nsec, b.name);
+    });
+    for (const File& f : files) {
+      if (total <= max_size_) break;
+      if (f.name == keep) continue;
+      if (::unlinkat(fd, f.name.c_str(), 0) == 0) {
+        evictions_++;
+      } else if (errno != ENOENT) {  // ENOENT: another process evicted it first
+        warn_once("evict", "torch_pjrt: cannot evict " + dir_ + "/" + f.name +
+                               " from the persistent executable cache: " + errno_text() +
+                               "; it may grow past TORCH_PJRT_CACHE_MAX_SIZE");
+        continue;
+      }
+      total -= f.size;
+    }
+  }
+  ::closedir(dir);
 }
 
 }  // namespace torch_pjrt::runtime

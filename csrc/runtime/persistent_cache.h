@@ -20,9 +20,17 @@
 //     96+I     P  payload: PJRT_Executable_Serialize's bytes
 //
 // torch_pjrt/cache.py reads the same layout (keep both in step).
+//
+// Size cap (TORCH_PJRT_CACHE_MAX_SIZE, default 10 GiB): an entry's mtime is
+// its last use (set when written, touched on every hit). After each write, if
+// the regular files named `*.pjrtexe` add up to more than the cap, the least
+// recently used ones are deleted until the total fits, never the one just
+// written. Other processes may delete the same files meanwhile; that is fine.
+// Temporary files of interrupted writes older than kStaleTempSeconds go too.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -38,28 +46,48 @@ class PersistentCache {
   static constexpr uint32_t kFormatVersion = 1;
   static constexpr size_t kHeaderSize = 96;
   static constexpr const char* kSuffix = ".pjrtexe";
+  static constexpr uint64_t kDefaultMaxSize = uint64_t(10) << 30;
+  // A temporary file this old belongs to a write that died (writes take
+  // milliseconds); cache.py uses the same age.
+  static constexpr int64_t kStaleTempSeconds = 3600;
 
   // The directory from TORCH_PJRT_CACHE_DIR ("" when set empty: disabled),
   // else $XDG_CACHE_HOME/torch_pjrt/executables, else
   // ~/.cache/torch_pjrt/executables.
   static std::string configured_dir();
+  // SIZE: bytes, or a number with a unit: K/KiB, M/MiB, G/GiB, T/TiB are
+  // powers of 1024; KB, MB, GB, TB powers of 1000 (case-insensitive, as
+  // coreutils). "none" and "unlimited" give 0 (no cap). Nothing on bad text,
+  // with `error` saying why. torch_pjrt/cache.py parse_size() is the same.
+  static std::optional<uint64_t> parse_size(const std::string& text, std::string* error);
+  // The cap from TORCH_PJRT_CACHE_MAX_SIZE (unset or empty: kDefaultMaxSize;
+  // 0: none); a bad value gives the default and a message in `warning`.
+  static uint64_t configured_max_size(std::string* warning);
 
   // `identity` names the plugin build and the machine it compiles for; it is
-  // part of every key and stored in every entry.
+  // part of every key and stored in every entry. The cap is
+  // configured_max_size() (a bad setting warns once here).
   PersistentCache(std::string dir, std::string identity);
 
   bool enabled() const { return enabled_.load(); }
   const std::string& dir() const { return dir_; }
   const std::string& identity() const { return identity_; }
+  // The size cap in bytes; 0: none.
+  uint64_t max_size() const { return max_size_; }
+  // Entries this process deleted to keep the directory under the cap.
+  int64_t evictions() const { return evictions_.load(); }
 
   Sha256::Digest key(const std::string& program, const std::string& compile_options) const;
   std::string path(const Sha256::Digest& key) const;
 
   // The payload of the valid entry for `key`, or nothing: no entry (a miss),
-  // or a bad one (reported once, counted in persistent_cache_errors).
+  // or a bad one (reported once, counted in persistent_cache_errors). A valid
+  // entry's mtime is set to now: its last use, for the size cap.
   std::optional<std::string> load(const Sha256::Digest& key, size_t program_size);
-  // Writes the entry atomically (unique temporary file, then rename). On a
-  // failure, warns once and stops writing for the rest of the process.
+  // Writes the entry atomically (unique temporary file, then rename), then
+  // enforces the size cap. If the directory cannot take files (full, read
+  // only), warns once and stops writing for the rest of the process; if only
+  // this entry's name is taken (say, by a directory), warns once for it.
   // Returns whether the entry was written.
   bool store(const Sha256::Digest& key, size_t program_size, const std::string& payload);
 
@@ -70,12 +98,17 @@ class PersistentCache {
 
  private:
   void warn_once(const std::string& topic, const std::string& message);
+  // Deletes least recently used entries until the total is under the cap;
+  // `keep` (a file name) is never deleted.
+  void enforce_cap(const std::string& keep);
 
   std::string dir_;
   std::string identity_;
   std::atomic<bool> enabled_{true};
   std::atomic<bool> writable_{true};
   std::atomic<bool> dir_ready_{false};
+  uint64_t max_size_ = kDefaultMaxSize;
+  std::atomic<int64_t> evictions_{0};
   std::mutex mutex_;
   std::set<std::string> warned_;
   int bad_entries_reported_ = 0;
