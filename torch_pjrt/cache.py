@@ -100,7 +100,7 @@ _SIZE_HELP = "bytes or a number with a unit: 500M, 2G, 1.5GiB, 10GB; or none, un
 def parse_size(text):
     """Bytes for SIZE text (see the module docstring); None for "none" and
     "unlimited". ValueError on anything else. The same rule, to the byte, as
-    PersistentCache::parse_size in C++ (exact integers, 18 fraction digits)."""
+    runtime::parse_byte_size in C++ (csrc/runtime/byte_size.cpp) (exact integers, 18 fraction digits)."""
     s = text.strip(" \t").lower()
     if s in ("none", "unlimited"):
         return None

@@ -102,6 +102,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["persistent_cache_errors"] = mt.persistent_cache_errors.load();
     d["persistent_cache_load_seconds"] = mt.persistent_cache_load_seconds.load();
     d["persistent_cache_save_seconds"] = mt.persistent_cache_save_seconds.load();
+    d["persistent_cache_evictions"] = runtime::Runtime::get().persistent_cache().evictions();
     d["executable_cache_size"] = eager::executable_cache_size();
     d["executable_cache_bytes"] = runtime::ProgramCache::get().bytes();
     d["executable_cache_evictions"] = runtime::ProgramCache::get().evictions();

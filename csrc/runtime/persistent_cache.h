@@ -55,11 +55,6 @@ class PersistentCache {
   // else $XDG_CACHE_HOME/torch_pjrt/executables, else
   // ~/.cache/torch_pjrt/executables.
   static std::string configured_dir();
-  // SIZE: bytes, or a number with a unit: K/KiB, M/MiB, G/GiB, T/TiB are
-  // powers of 1024; KB, MB, GB, TB powers of 1000 (case-insensitive, as
-  // coreutils). "none" and "unlimited" give 0 (no cap). Nothing on bad text,
-  // with `error` saying why. torch_pjrt/cache.py parse_size() is the same.
-  static std::optional<uint64_t> parse_size(const std::string& text, std::string* error);
   // The cap from TORCH_PJRT_CACHE_MAX_SIZE (unset or empty: kDefaultMaxSize;
   // 0: none); a bad value gives the default and a message in `warning`.
   static uint64_t configured_max_size(std::string* warning);

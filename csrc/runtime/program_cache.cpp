@@ -13,10 +13,11 @@ int64_t env_size(const char* name, int64_t dflt, bool bytes) {
   const char* v = std::getenv(name);
   if (!v || !*v) return dflt;
   std::optional<int64_t> n = parse_byte_size(v);
-  if (!n || (!bytes && std::string(v).find_first_not_of("0123456789 ") != std::string::npos))
+  if (!n || (!bytes && std::string(v).find_first_not_of("0123456789 ") != std::string::npos &&
+             std::string(v) != "none" && std::string(v) != "unlimited"))
     throw std::invalid_argument(std::string("torch_pjrt: ") + name + " must be " +
-                                (bytes ? "a size in bytes (e.g. 2GiB, 500M; 0: no bound)"
-                                       : "a number of entries (0: no bound)") +
+                                (bytes ? "a size in bytes (e.g. 2GiB, 500M; 0 or none: no bound)"
+                                       : "a number of entries (0 or none: no bound)") +
                                 ", got '" + v + "'");
   return *n;
 }
