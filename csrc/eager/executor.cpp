@@ -70,8 +70,11 @@ void cache_put(const std::string& key, std::shared_ptr<Plan> plan) {
 }
 
 // Per op overload: may float arguments be runtime inputs? Learned from the
-// first build with floats (floats_are_inputs); otherwise keyed by value.
-enum class FloatMode : char { Unknown, Dynamic, Static };
+// first build with floats (learn_float_mode).
+// Validated: runtime inputs, but some values are invalid (PyTorch's Meta
+// kernel rejects them, e.g. uniform_'s from > to), so every call runs the
+// Meta kernel first, as CPU would check.
+enum class FloatMode : char { Unknown, Dynamic, Validated, Static };
 std::mutex g_mode_mutex;
 std::unordered_map<std::string, FloatMode> g_float_mode;
 
@@ -110,11 +113,13 @@ std::vector<double> probe_values(double v) {
 // at build time, or a Meta kernel whose output shapes depend on it (arange's
 // end), gives another program for another value. Each argument is probed with
 // other values; one that changes the program, or that no probe value is
-// valid for, makes the op keyed by value.
-bool floats_are_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
-                       const lowering::LoweringInfo& info, const std::string& base, const std::string& overload,
-                       const Plan& plan, const std::vector<Resize>& resizes) {
-  if (plan.read_scalar_value) return false;
+// valid for, makes the op keyed by value (Static); one with some rejected
+// values makes it Validated.
+FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                           const lowering::LoweringInfo& info, const std::string& base, const std::string& overload,
+                           const Plan& plan, const std::vector<Resize>& resizes) {
+  if (plan.read_scalar_value) return FloatMode::Static;
+  bool any_rejected = false;
   // The probes' own warnings (e.g. resizing an out= tensor) are not the user's.
   struct Quiet : c10::WarningHandler {
     void process(const c10::Warning&) override {}
@@ -153,12 +158,13 @@ bool floats_are_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
         changed[i] = list;
       }
       std::optional<bool> same = same_program(changed);
-      if (same && !*same) return false;
+      if (same && !*same) return FloatMode::Static;
       any_valid |= same.has_value();
+      any_rejected |= !same.has_value();
     }
-    if (!any_valid) return false;
+    if (!any_valid) return FloatMode::Static;
   }
-  return true;
+  return any_rejected ? FloatMode::Validated : FloatMode::Dynamic;
 }
 
 bool has_float_args(const OpInstance& inst) {
@@ -203,10 +209,15 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));
 
   FloatMode mode = float_mode(display);
-  const std::string& key = mode == FloatMode::Dynamic ? inst.key_dynamic : inst.key_static;
+  bool runtime_floats = mode == FloatMode::Dynamic || mode == FloatMode::Validated;
+  const std::string& key = runtime_floats ? inst.key_dynamic : inst.key_static;
   std::shared_ptr<Plan> plan = cache_find(key);
   if (plan) {
     runtime::metrics().executable_cache_hits++;
+    if (mode == FloatMode::Validated) {
+      std::vector<Resize> unused;
+      run_meta(op, args, inst, &unused, /*dry=*/true);  // raises for invalid values, as CPU does
+    }
     for (const Resize& r : plan->resizes) {
       inst.slots[r.slot].tensor.resize_(r.sizes);
       inst.storages[inst.slots[r.slot].storage] = &device::storage_of(inst.slots[r.slot].tensor);
@@ -218,11 +229,10 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     bool dynamic = mode != FloatMode::Static;
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
     if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
-      if (floats_are_inputs(op, args, inst, *info, base, lookup_overload, *plan, resizes)) {
-        set_float_mode(display, FloatMode::Dynamic);
-      } else {
+      FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan, resizes);
+      set_float_mode(display, learned);
+      if (learned == FloatMode::Static) {
         dynamic = false;
-        set_float_mode(display, FloatMode::Static);
         plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
       }
     } else if (dynamic && plan->read_scalar_value) {

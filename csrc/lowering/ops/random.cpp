@@ -107,6 +107,9 @@ std::vector<Value> bernoulli(LoweringContext& ctx) {
   DType wt = work_type(out.dtype);
   Value u = b.reshape(uniform01(ctx, out.numel(), wt), out.shape);
   Value p = operand_as(ctx, ctx.has("p") ? "p" : "self", wt, out.shape);
+  // CPU rejects probabilities outside [0, 1] (NaN too); p may be a runtime input.
+  ctx.check_all(b.binary("and", b.compare(Cmp::GE, p, splat_like(b, 0, p)), b.compare(Cmp::LE, p, splat_like(b, 1, p))),
+                "bernoulli expects p to be in [0, 1]", LoweringContext::CheckError::Runtime);
   return {b.convert(b.compare(Cmp::LT, u, p), out.dtype)};
 }
 
