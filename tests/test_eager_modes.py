@@ -112,3 +112,20 @@ def test_debug_mode_checks_embedding_token_ids():
     r = run_python(code, TORCH_PJRT_EAGER="debug")
     assert r.returncode == 0, r.stderr
     assert "IndexError" in r.stdout and "embedding" in r.stdout and "out of range" in r.stdout
+
+
+def test_training_loop_builds_no_program_after_the_first_steps():
+    # AdamW's bias corrections and the lr change every step and reach the
+    # _foreach_ ops as float lists: runtime inputs, never a program per value.
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    import models
+    import torch_pjrt
+    misses = []
+    models.train("gpt", "tpu", 6, on_step=lambda step, loss: misses.append(
+        torch_pjrt.metrics()["executable_cache_misses"]))
+    assert misses[2] == misses[-1], misses
+    modes = torch_pjrt._state.C.float_modes()
+    for op in ("aten::_foreach_div_.ScalarList", "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_mul_.Scalar"):
+        assert modes.get(op, "runtime") == "runtime", (op, modes.get(op))

@@ -117,7 +117,7 @@ std::vector<double> probe_values(double v) {
 // values makes it Validated.
 FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
                            const lowering::LoweringInfo& info, const std::string& base, const std::string& overload,
-                           const Plan& plan, const std::vector<Resize>& resizes) {
+                           const Plan& plan) {
   if (plan.read_scalar_value) return FloatMode::Static;
   bool any_rejected = false;
   // The probes' own warnings (e.g. resizing an out= tensor) are not the user's.
@@ -131,11 +131,11 @@ FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
       OpInstance other;
       other.foreach = inst.foreach;
       describe(other, op.schema(), changed);
+      // out= tensors are already resized for this call's values: another
+      // size for the changed ones shows as a resize.
       std::vector<Resize> other_resizes;
       torch::jit::Stack meta = run_meta(op, changed, other, &other_resizes, /*dry=*/true);
-      if (other_resizes.size() != resizes.size()) return false;
-      for (size_t k = 0; k < resizes.size(); ++k)
-        if (other_resizes[k].sizes != resizes[k].sizes) return false;
+      if (!other_resizes.empty()) return false;
       auto other_plan = lower(op, changed, other, info, base, overload, meta, true);
       return !other_plan->read_scalar_value && other_plan->text == plan.text;
     } catch (const std::exception&) {
@@ -152,9 +152,9 @@ FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
       if (is_double) {
         changed[i] = probe_values(args[i].toDouble())[probe];
       } else {
-        c10::impl::GenericList list(c10::AnyType::get());
-        for (const auto& e : args[i].toListRef())
-          list.push_back(e.isDouble() ? c10::IValue(probe_values(e.toDouble())[probe]) : e);
+        c10::impl::GenericList list = args[i].toList().copy();  // keeps the element type
+        for (size_t k = 0; k < list.size(); ++k)
+          if (list.get(k).isDouble()) list.set(k, probe_values(list.get(k).toDouble())[probe]);
         changed[i] = list;
       }
       std::optional<bool> same = same_program(changed);
@@ -229,7 +229,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     bool dynamic = mode != FloatMode::Static;
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
     if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
-      FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan, resizes);
+      FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan);
       set_float_mode(display, learned);
       if (learned == FloatMode::Static) {
         dynamic = false;
@@ -320,6 +320,14 @@ void assign(const at::Tensor& t, runtime::BufferPtr values) {
 }
 
 int64_t executable_cache_size() { return cache().size(); }
+
+std::map<std::string, std::string> float_modes() {
+  static const char* kNames[] = {"unknown", "runtime", "validated", "by value"};
+  std::lock_guard<std::mutex> lock(g_mode_mutex);
+  std::map<std::string, std::string> out;
+  for (const auto& [op, m] : g_float_mode) out[op] = kNames[static_cast<int>(m)];
+  return out;
+}
 
 void clear_executable_cache() { cache().clear(); }
 

@@ -35,6 +35,10 @@ std::vector<runtime::BufferPtr> run_cached(
     const std::function<std::vector<lowering::Value>(lowering::Builder&)>& build);
 
 int64_t executable_cache_size();
+// How each op's float arguments are treated, learned at its first build:
+// "runtime" (program inputs), "validated" (inputs, checked by the Meta kernel
+// on every call) or "by value" (part of the cache key).
+std::map<std::string, std::string> float_modes();
 void clear_executable_cache();
 
 }  // namespace torch_pjrt::eager

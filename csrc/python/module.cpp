@@ -121,6 +121,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     return runtime::Runtime::get().compile(text)->num_outputs();
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
+  m.def("float_modes", &eager::float_modes);
   m.def("registered_lowerings", &lowering::registered_lowerings);
   m.def("lowering_table", &lowering::lowering_table);
   python::bind_graph(m);

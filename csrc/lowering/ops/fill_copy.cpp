@@ -8,8 +8,9 @@ namespace torch_pjrt::lowering::ops {
 namespace {
 
 // full(size, fill_value), full_like(self, fill_value), new_full(self, size, fill_value).
+// The value may be a runtime input (no program per fill value).
 std::vector<Value> full(LoweringContext& ctx) {
-  return {ctx.b.splat(ctx.scalar("fill_value"), ctx.out())};
+  return {ctx.b.broadcast_to(ctx.operand("fill_value", ctx.out().dtype), ctx.out().shape)};
 }
 
 std::vector<Value> constant(LoweringContext& ctx, int64_t v) {
@@ -17,7 +18,7 @@ std::vector<Value> constant(LoweringContext& ctx, int64_t v) {
 }
 
 // scalar_tensor(s): a 0-d tensor of s.
-std::vector<Value> scalar_tensor(LoweringContext& ctx) { return {ctx.b.splat(ctx.scalar("s"), ctx.out())}; }
+std::vector<Value> scalar_tensor(LoweringContext& ctx) { return {ctx.operand("s", ctx.out().dtype)}; }
 
 // clone, _to_copy, lift_fresh_copy...: self's values in the result dtype.
 std::vector<Value> copy_of_self(LoweringContext& ctx) { return {ctx.b.convert(ctx.tensor("self"), ctx.out().dtype)}; }
