@@ -113,12 +113,22 @@ def no_cpu_fallback():
     assert not fell_back, f"ran on CPU: {fell_back}"
 
 
-def run_python(code, **env):
+def run_python(code, timeout=120, **env):
     """Runs `code` in a fresh interpreter (for settings read once per process)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    full_env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    full_env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    full_env.update({k: str(v) for k, v in env.items()})
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
+
+
+def run_json(code, timeout=600, **env):
+    """run_python, which must succeed and print one line "RESULT <json>"; returns the json."""
+    import json
+    r = run_python(code, timeout=timeout, **env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
 
 
 def check_raises(fn, *inputs):

@@ -3,18 +3,12 @@ by zero are checked inside the op's own program and reported at the next host
 read or synchronize as the exception CPU raises, naming the op (like CUDA's
 device-side asserts); TORCH_PJRT_CHECKS=off turns them off. Float -> integer
 casts of NaN/inf/out-of-range values match CPU."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import tpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_python, tpu
 
 X = torch.arange(15.0).reshape(5, 3)
 BAD = torch.tensor([0, 7])
@@ -119,14 +113,8 @@ def test_checks_inside_a_compiled_graph():
         out.cpu()
 
 
-def run_script(code, **env):
-    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    full.update(env)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
-
-
 def test_checks_off_gives_xla_semantics():
-    p = run_script(r"""
+    p = run_python(r"""
 import torch, torch_pjrt
 x = torch.arange(15.).reshape(5, 3).to("tpu")
 print("ROW", x.index_select(0, torch.tensor([7]).to("tpu")).cpu().tolist())
@@ -137,7 +125,7 @@ print("DIV", (torch.tensor([5]).to("tpu") // torch.tensor([0]).to("tpu")).cpu().
 
 
 def test_debug_mode_raises_at_the_op():
-    p = run_script(r"""
+    p = run_python(r"""
 import torch, torch_pjrt
 x = torch.arange(15.).reshape(5, 3).to("tpu")
 try:
@@ -151,7 +139,7 @@ except IndexError as e:
 
 
 def test_bad_checks_setting_is_a_clear_error():
-    p = run_script("import torch, torch_pjrt\ntorch.ones(2).to('tpu').index_select(0, torch.tensor([0]).to('tpu'))",
+    p = run_python("import torch, torch_pjrt\ntorch.ones(2).to('tpu').index_select(0, torch.tensor([0]).to('tpu'))",
                    TORCH_PJRT_CHECKS="maybe")
     assert p.returncode != 0 and "TORCH_PJRT_CHECKS" in p.stderr
 

@@ -1,25 +1,10 @@
 """The in-memory executable cache is LRU-bounded (entries and bytes) for every
 frontend: a process that sees ever new shapes keeps a flat footprint, and
 evictions are counted. Fresh processes, so the bounds and RSS are their own."""
-import json
-import os
-import subprocess
-import sys
-
 import torch
 
 import torch_pjrt
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_script(code, **env):
-    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TORCH_PJRT_CACHE_DIR="")
-    full.update({k: str(v) for k, v in env.items()})
-    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+from conftest import run_json
 
 
 RSS = r"""
@@ -31,7 +16,7 @@ def rss_mib():
 
 def test_eager_shapes_keep_resident_memory_flat():
     # 1,000 distinct shapes, each a new program (x * 2 + 1: two ops per shape).
-    out = run_script("import json, os, torch, torch_pjrt\n" + RSS + r"""
+    out = run_json("import json, os, torch, torch_pjrt\n" + RSS + r"""
 x = None
 marks = {}
 for n in range(1, 1001):
@@ -42,7 +27,7 @@ for n in range(1, 1001):
 m = torch_pjrt.metrics()
 print("RESULT " + json.dumps({"rss": marks, "size": m["executable_cache_size"],
       "evictions": m["executable_cache_evictions"], "compiles": m["xla_compiles"]}))
-""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=64)
+""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=64, TORCH_PJRT_CACHE_DIR="")
     assert out["size"] <= 64
     assert out["compiles"] >= 2000
     assert out["evictions"] >= out["compiles"] - 64
@@ -52,21 +37,21 @@ print("RESULT " + json.dumps({"rss": marks, "size": m["executable_cache_size"],
 
 
 def test_byte_bound_and_runtime_setting():
-    out = run_script("import json, os, torch, torch_pjrt\n" + r"""
+    out = run_json("import json, os, torch, torch_pjrt\n" + r"""
 torch_pjrt.set_executable_cache_bounds(max_entries=0, max_bytes=20 * 64 * 1024)
 for n in range(1, 61):
     torch.ones(n).to("tpu").mul(3).cpu()
 m = torch_pjrt.metrics()
 print("RESULT " + json.dumps({"bounds": torch_pjrt.executable_cache_bounds(), "size": m["executable_cache_size"],
       "bytes": m["executable_cache_bytes"], "evictions": m["executable_cache_evictions"]}))
-""")
+""", TORCH_PJRT_CACHE_DIR="")
     assert out["bounds"] == [0, 20 * 64 * 1024]
     assert out["bytes"] <= 20 * 64 * 1024 and out["size"] <= 20
     assert out["evictions"] > 0
 
 
 def test_compiled_graphs_are_bounded_and_recompile_after_eviction():
-    out = run_script("import json, os, torch, torch_pjrt\n" + RSS + r"""
+    out = run_json("import json, os, torch, torch_pjrt\n" + RSS + r"""
 import torch._dynamo
 torch._dynamo.config.cache_size_limit = 64
 f = torch.compile(lambda t: (t.sin() * 2).sum(0), backend="tpu")  # a dynamic graph after shape 2: one program per size
@@ -80,7 +65,7 @@ again = bool(torch.allclose(f(torch.ones(1, 4).to("tpu")).cpu(), (torch.ones(1, 
 m = torch_pjrt.metrics()
 print("RESULT " + json.dumps({"ok": all(results) and again, "size": m["executable_cache_size"],
       "evictions": m["executable_cache_evictions"], "rss": marks}))
-""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=8)
+""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=8, TORCH_PJRT_CACHE_DIR="")
     assert out["ok"]
     assert out["size"] <= 8 and out["evictions"] > 40
 

@@ -3,28 +3,13 @@ those only queued work holds), out of memory as torch.OutOfMemoryError at the
 op that asked (then the process keeps working), TORCH_PJRT_MEMORY_LIMIT /
 set_memory_limit, the bounded asynchronous queue, and the figures CUDA
 scripts read (mem_get_info, get_device_properties().total_memory)."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import torch_pjrt
-from conftest import tpu
+from conftest import run_json, run_python, tpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-
-
-def run_script(code, **env):
-    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    full.update({k: str(v) for k, v in env.items()})
-    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
 
 
 @pytest.fixture
@@ -121,7 +106,7 @@ def test_empty_larger_than_the_device_raises():
 
 
 def test_limit_from_environment_and_fraction():
-    out = run_script(r"""
+    out = run_json(r"""
 import json, torch, torch_pjrt
 r = {"limit": torch_pjrt.memory_limit(0), "info": list(torch.tpu.mem_get_info(0)),
      "total": torch.tpu.get_device_properties(0).total_memory}
@@ -143,9 +128,7 @@ print("RESULT " + json.dumps(r))
 
 
 def test_bad_limit_setting_is_a_clear_error():
-    full = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TORCH_PJRT_MEMORY_LIMIT="lots")
-    p = subprocess.run([sys.executable, "-c", "import torch_pjrt"], env=full, capture_output=True, text=True,
-                       timeout=120)
+    p = run_python("import torch_pjrt", TORCH_PJRT_MEMORY_LIMIT="lots")
     assert p.returncode != 0 and "TORCH_PJRT_MEMORY_LIMIT" in p.stderr and "lots" in p.stderr
 
 
@@ -153,7 +136,7 @@ def test_queue_is_bounded_and_memory_stays_near_the_limit():
     # The issue's case: a producer far ahead of the device, each op making a
     # large result that dies at once. The queue bound and the limit make it
     # wait instead of growing without bound.
-    out = run_script(r"""
+    out = run_json(r"""
 import json, resource, torch, torch_pjrt
 x = torch.ones(16 << 20).to("tpu")  # 64 MiB
 torch.tpu.synchronize()

@@ -95,8 +95,11 @@ def set_executable_cache_bounds(max_entries=None, max_bytes=None):
     """Bounds the in-memory executable cache (LRU; also set by
     TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES / _BYTES); 0 = no bound."""
     entries, nbytes = executable_cache_bounds()
-    _state.C.set_executable_cache_bounds(entries if max_entries is None else int(max_entries),
-                                         nbytes if max_bytes is None else int(max_bytes))
+    entries = entries if max_entries is None else int(max_entries)
+    nbytes = nbytes if max_bytes is None else int(max_bytes)
+    if entries < 0 or nbytes < 0:
+        raise ValueError(f"torch_pjrt: cache bounds must be >= 0 (0: no bound), got {entries} entries, {nbytes} bytes")
+    _state.C.set_executable_cache_bounds(entries, nbytes)
 
 
 def memory_limit(device=None):
@@ -108,6 +111,8 @@ def set_memory_limit(nbytes, device=None):
     """Makes the device behave as one with `nbytes` of memory (all devices
     when device is None): allocations past it raise torch.OutOfMemoryError.
     0 removes the limit. TORCH_PJRT_MEMORY_LIMIT sets it at start-up."""
+    if int(nbytes) < 0:
+        raise ValueError(f"torch_pjrt: a memory limit must be >= 0 bytes (0: none), got {nbytes}")
     devices = range(device_module.device_count()) if device is None else [device_module._index(device)]
     for d in devices:
         _state.C.set_memory_limit(d, int(nbytes))

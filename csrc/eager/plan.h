@@ -74,6 +74,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
 
 bool debug_mode();      // TORCH_PJRT_EAGER=debug
 bool checks_enabled();  // TORCH_PJRT_CHECKS=on (default) | off
+// Registers a lowering's value check of `op` with the runtime: its code in the check word.
+int register_check(const std::string& op, const lowering::LoweringContext::Check& c);
 // _foreach_ ops run their element op per list index; these argument names of
 // the foreach op are also passed under the element op's names.
 const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases();

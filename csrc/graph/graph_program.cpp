@@ -97,11 +97,8 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
   std::vector<Value> res = info->fn(ctx);
   for (const auto& c : ctx.checks) {
-    auto kind = c.error == lowering::LoweringContext::CheckError::Index ? runtime::ErrorKind::Index
-                                                                        : runtime::ErrorKind::Runtime;
-    std::string op = "aten::" + name + (overload.empty() ? "" : "." + overload);
-    checks_.emplace_back(c.ok, runtime::Runtime::get().register_check(
-                                   kind, "torch_pjrt: " + op + " (in a compiled graph): " + c.message));
+    std::string op = "aten::" + name + (overload.empty() ? "" : "." + overload) + " (in a compiled graph)";
+    checks_.emplace_back(c.ok, eager::register_check(op, c));
   }
   if (res.size() != outputs.size())
     throw std::runtime_error("torch_pjrt: lowering of aten::" + name + " produced " + std::to_string(res.size()) +

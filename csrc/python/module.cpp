@@ -20,6 +20,7 @@ using namespace torch_pjrt;
 PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
     runtime::Runtime::initialize(path, name, cpu_devices);
+    runtime::ProgramCache::get();  // a bad TORCH_PJRT_EXECUTABLE_CACHE_* setting fails the import, not an op
     device::route_composite_ops_to_lowerings();
   });
   m.def("routed_composite_ops", &device::route_composite_ops_to_lowerings);
