@@ -120,8 +120,12 @@ def test_dataloader_fork_worker_touching_tpu_raises(parent_uses_tpu):
     loader = torch.utils.data.DataLoader(TpuData(), batch_size=4, num_workers=1,
                                          multiprocessing_context="fork", timeout=CHILD_TIMEOUT)
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="forked subprocess"):
-        next(iter(loader))
+    it = iter(loader)
+    try:
+        with pytest.raises(RuntimeError, match="forked subprocess"):
+            next(it)
+    finally:
+        it._shutdown_workers()  # the traceback keeps the iterator alive: stop its worker now
     assert time.monotonic() - t0 < CHILD_TIMEOUT
 
 
