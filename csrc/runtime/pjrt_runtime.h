@@ -184,8 +184,8 @@ class Runtime {
   // Raises OutOfMemory when `bytes` more do not fit the device's limit (after
   // draining the queue, which frees what finished work held).
   void ensure_fits(int device, int64_t bytes, const char* what);
-  int max_inflight() const { return max_inflight_; }
-  void set_max_inflight(int n) { max_inflight_ = n < 1 ? 1 : n; }
+  int max_inflight() const { return max_inflight_.load(); }
+  void set_max_inflight(int n) { max_inflight_.store(n < 1 ? 1 : n); }
 
   // ---- value checks (index ranges, integer division by zero) ----
   // A checked program takes its device's check word (an s32 0-d buffer, 0 =
@@ -231,7 +231,7 @@ class Runtime {
   std::unique_ptr<PersistentCache> cache_;
   std::mutex pending_mutex_;
   std::vector<std::deque<Pending>> pending_;  // per device, oldest first
-  int max_inflight_ = 64;
+  std::atomic<int> max_inflight_{64};
   std::unique_ptr<std::atomic<int64_t>[]> limits_;  // per device, 0: none
   std::vector<int64_t> totals_;  // per device, 0: unknown
   std::mutex check_mutex_;

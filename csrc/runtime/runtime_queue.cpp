@@ -41,11 +41,12 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   auto& queue = pending_[device];
   queue.push_back(std::move(p));
   retire_ready_locked(device);
-  if (static_cast<int>(queue.size()) > max_inflight_) {
+  int bound = max_inflight_.load();
+  if (static_cast<int>(queue.size()) > bound) {
     // Backpressure: a producer far ahead of the device waits for the oldest
     // execution instead of growing memory without bound.
     metrics().queue_full_waits++;
-    while (static_cast<int>(queue.size()) > max_inflight_) {
+    while (static_cast<int>(queue.size()) > bound) {
       retire(queue.front(), true);
       queue.pop_front();
     }
