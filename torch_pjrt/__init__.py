@@ -14,7 +14,8 @@ import torch
 from . import _loader, _plugin, _state, device_module
 
 __all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", "bucketed", "next_bucket",
-           "set_memory_limit", "memory_limit", "set_executable_cache_bounds", "executable_cache_bounds"]
+           "set_memory_limit", "memory_limit", "set_executable_cache_bounds", "executable_cache_bounds",
+           "checks_enabled", "set_checks"]
 
 
 def _initialize():
@@ -100,6 +101,18 @@ def set_executable_cache_bounds(max_entries=None, max_bytes=None):
     if entries < 0 or nbytes < 0:
         raise ValueError(f"torch_pjrt: cache bounds must be >= 0 (0: no bound), got {entries} entries, {nbytes} bytes")
     _state.C.set_executable_cache_bounds(entries, nbytes)
+
+
+def checks_enabled():
+    """Whether ops check index ranges and integer division by zero in their
+    programs (reported at the next host read); TORCH_PJRT_CHECKS sets the start value."""
+    return bool(_state.C.checks_enabled())
+
+
+def set_checks(enabled):
+    """Turns the in-program value checks on or off for programs run from now on
+    (each setting has its own programs; debug mode always checks)."""
+    _state.C.set_checks_enabled(bool(enabled))
 
 
 def memory_limit(device=None):

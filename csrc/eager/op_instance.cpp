@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "device/dtype_map.h"
+#include "eager/plan.h"
 
 namespace torch_pjrt::eager {
 
@@ -99,6 +100,7 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
 
 void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   inst.put(schema.operator_name().name + "." + schema.overload_name());
+  inst.put(static_cast<char>(checks_enabled()));  // programs with and without value checks differ
   const auto& sargs = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];

@@ -73,7 +73,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);
 
 bool debug_mode();      // TORCH_PJRT_EAGER=debug
-bool checks_enabled();  // TORCH_PJRT_CHECKS=on (default) | off
+bool checks_enabled();  // TORCH_PJRT_CHECKS=on (default) | off, or set_checks_enabled
+void set_checks_enabled(bool on);  // programs built from now on (part of every key)
 // Registers a lowering's value check of `op` with the runtime: its code in the check word.
 int register_check(const std::string& op, const lowering::LoweringContext::Check& c);
 // _foreach_ ops run their element op per list index; these argument names of

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <stdexcept>
 
@@ -32,11 +33,23 @@ bool debug_mode() {
   return debug;
 }
 
-bool checks_enabled() {
-  // Debug mode always checks (it raises at the op).
-  static bool on = env_choice("TORCH_PJRT_CHECKS", "on", {"on", "off"}) == "on" || debug_mode();
+namespace {
+std::atomic<int>& checks_setting() {  // -1: not read from the environment yet
+  static std::atomic<int> on{-1};
   return on;
 }
+}  // namespace
+
+bool checks_enabled() {
+  int on = checks_setting().load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = env_choice("TORCH_PJRT_CHECKS", "on", {"on", "off"}) == "on";
+    checks_setting().store(on);
+  }
+  return on || debug_mode();  // debug mode always checks (it raises at the op)
+}
+
+void set_checks_enabled(bool on) { checks_setting().store(on); }
 
 int register_check(const std::string& op, const lowering::LoweringContext::Check& c) {
   auto kind = c.error == lowering::LoweringContext::CheckError::Index ? runtime::ErrorKind::Index

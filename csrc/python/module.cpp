@@ -9,6 +9,7 @@
 #include "device/lowering_routes.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "eager/plan.h"
 #include "lowering/registry.h"
 #include "python/graph_bindings.h"
 #include "runtime/pjrt_runtime.h"
@@ -123,6 +124,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("float_modes", &eager::float_modes);
+  m.def("checks_enabled", &eager::checks_enabled);
+  m.def("set_checks_enabled", &eager::set_checks_enabled);
   m.def("registered_lowerings", &lowering::registered_lowerings);
   m.def("lowering_table", &lowering::lowering_table);
   python::bind_graph(m);

@@ -22,14 +22,19 @@ _warned_ops = set()
 
 def _signature(args):
     # Shapes, dtypes and devices (not strides: the program reads any layout,
-    # and view ops' values do not depend on it); host values by value.
-    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+    # and view ops' values do not depend on it); host values by value; and
+    # whether value checks are on (programs with and without them differ).
+    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+                 for a in args) + (("checks", _state.C.checks_enabled()),)
 
 
 def _describe_change(old, new, names):
     changes = []
     for i, (o, n) in enumerate(zip(old, new)):
         if o == n:
+            continue
+        if o[0] == "checks":
+            changes.append(f"value checks {'on' if o[1] else 'off'} -> {'on' if n[1] else 'off'}")
             continue
         label = f"input {i} ({names[i]})" if i < len(names) else f"tensor input {i}"
         if isinstance(o[0], tuple) and isinstance(n[0], tuple):  # tensors: (shape, dtype, device)
