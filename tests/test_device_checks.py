@@ -157,3 +157,19 @@ def test_float_to_int_casts_match_cpu(src, dst):
     out_t = tpu(out)
     out_t.copy_(tpu(x))
     assert torch.equal(out_t.cpu(), out.copy_(x))
+
+
+def test_checks_switch_at_run_time():
+    x, i = tpu(X), tpu(torch.tensor([7]))
+    f = torch.compile(lambda a, b: a.index_select(0, b) + 0, backend="tpu")
+    try:
+        torch_pjrt.set_checks(False)
+        assert not torch_pjrt.checks_enabled()
+        assert x.index_select(0, i).cpu().tolist() == [[12.0, 13.0, 14.0]]  # XLA clamps
+        assert f(x, i).cpu().tolist() == [[12.0, 13.0, 14.0]]
+    finally:
+        torch_pjrt.set_checks(True)
+    with pytest.raises(IndexError):
+        x.index_select(0, i).cpu()
+    with pytest.raises(IndexError, match="compiled graph"):
+        f(x, i).cpu()
