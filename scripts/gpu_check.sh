@@ -17,6 +17,10 @@ export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH=
 "$PY" -c "import torch, torch_pjrt; print(torch_pjrt.plugin_info()); print(torch.tpu.device_count(), torch.tpu.get_device_name())"
 "$PY" examples/demo.py
 "$PY" -m pytest tests/test_training.py tests/test_autograd.py tests/test_compile.py -q -p no:cacheprovider
+# Reliability on the CUDA plugin: its own memory figures (PJRT_Device_MemoryStats), OOM, threads, checks.
+"$PY" -c "import torch, torch_pjrt; print(torch.tpu.memory_stats(), torch.tpu.mem_get_info(), torch.tpu.get_device_properties(0))"
+"$PY" -m pytest tests/test_memory.py tests/test_threads.py tests/test_device_checks.py tests/test_fork.py -q -p no:cacheprovider
+"$PY" benchmarks/checks_cost.py --markdown
 # Eager training throughput, tpu (CUDA plugin) against PyTorch eager on CUDA.
 "$PY" benchmarks/eager_training.py --steps 40 --markdown --baseline cuda
 # torch.compile(backend="tpu") on the CUDA plugin against torch.compile (inductor) on CUDA,
