@@ -1,6 +1,7 @@
 """torch.compile(backend="tpu"): whole graphs as one program, against eager
 on tpu and PyTorch on CPU (tolerances: float32, rtol/atol 1e-5 unless stated)."""
 import copy
+import math
 import warnings
 
 import pytest
@@ -514,3 +515,23 @@ def test_optimizer_variants_compiled_and_eager_match_cpu(kwargs):
         step()
     assert delta(before)["eager_graph_fallbacks"] == 0
     assert_parameters_agree(copies)
+
+
+def test_dynamic_batch_after_static_steps_gpt_training():
+    # A GPT train step compiled at batch 1, then batch 2: Dynamo traces a
+    # dynamic graph whose saved views (split qkv) must come back with this
+    # call's concrete sizes (symbolic ones broke as_strided).
+    torch.manual_seed(0)
+    model = models.GPT().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    fwd, step = torch.compile(model, backend="tpu"), torch.compile(opt.step, backend="tpu")
+    text = models.gpt_text()
+    losses = []
+    for bs in (1, 1, 1, 2, 2, 4):
+        x, y = models.gpt_batch(0, batch=bs, text=text)
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        step()
+        losses.append(loss.item())
+    assert all(math.isfinite(l) for l in losses) and losses[2] < losses[0]

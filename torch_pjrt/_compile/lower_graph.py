@@ -366,8 +366,9 @@ def lower_graph(gm, args, host_part=None):
         # The layout PyTorch traced matters: later graphs' views depend on it.
         # Static fake strides are that layout; else the walk's metas agree.
         layout = r.meta
-        if (isinstance(fake, torch.Tensor) and fake.shape == r.meta.shape
-                and all(isinstance(st, int) for st in fake.stride())):
+        # (A dynamic graph's fake sizes are symbols: this call's concrete metas then.)
+        if (isinstance(fake, torch.Tensor) and all(isinstance(d, int) for d in fake.shape)
+                and fake.shape == r.meta.shape and all(isinstance(st, int) for st in fake.stride())):
             layout = fake
         if not _is_dense(layout) and r.root is not None and _is_dense(r.root.meta) and not on_cpu:
             # A view saved for backward (e.g. q of a split qkv): return its
