@@ -124,6 +124,12 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("float_modes", &eager::float_modes);
+  // Calls that ran through the CPU fallback so far (cheap: the assessment asks per op).
+  m.def("cpu_fallback_calls", [] {
+    int64_t n = 0;
+    for (const auto& [op, k] : eager::cpu_fallback_counts()) n += k;
+    return n;
+  });
   m.def("checks_enabled", &eager::checks_enabled);
   m.def("set_checks_enabled", &eager::set_checks_enabled);
   m.def("registered_lowerings", &lowering::registered_lowerings);

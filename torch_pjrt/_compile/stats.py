@@ -1,4 +1,5 @@
 """Counters of the torch.compile frontend, merged into torch_pjrt.metrics()."""
+import collections
 import os
 import sys
 
@@ -19,6 +20,12 @@ def log_enabled(topic):
     return topic in [t.strip() for t in os.environ.get("TORCH_PJRT_LOG", "").split(",")]
 
 
+# The latest events per topic, kept whatever TORCH_PJRT_LOG says (the
+# migration assessment reports recompiles and their causes from here).
+HISTORY = collections.defaultdict(lambda: collections.deque(maxlen=500))
+
+
 def log(topic, message):
+    HISTORY[topic].append(message)
     if log_enabled(topic):
         print(f"torch_pjrt [{topic}]: {message}", file=sys.stderr, flush=True)
