@@ -270,3 +270,40 @@ def test_requirement_spellings():
     assert [(line, effort) for line, _, _, effort, _ in found] == [
         (2, "replace"), (3, "replace"), (5, "replace"), (6, "replace"), (7, "replace"), (8, "rewrite"),
         (9, "replace"), (11, "replace")]
+
+
+def test_workload_targets_for_a_file():
+    t = inventory.workload_targets(os.path.join(FIXTURE, "train.py") + ":train")
+    assert t["error"] is None and t["root"] == FIXTURE
+    # train.py, the model.py it imports, and the project's build/dependency files
+    assert [os.path.relpath(p, FIXTURE) for p in t["paths"]] == [
+        "train.py", "model.py", "pyproject.toml", "requirements.txt", "setup.py"]
+    assert t["packages"] == ["apex", "bitsandbytes", "flash_attn", "setuptools", "torch", "xformers"]
+    # extras.py names its C++/CUDA sources (cpp_extension.load): they are scanned too
+    extras = inventory.workload_targets(os.path.join(FIXTURE, "extras.py"))["paths"]
+    assert {"csrc/binding.cpp", "csrc/kernel.cu"} <= {os.path.relpath(p, FIXTURE) for p in extras}
+    r = inventory.scan(**{k: t[k] for k in ("paths", "packages", "root")})
+    assert {i["file"] for i in r["items"]} == {"train.py", "model.py", "pyproject.toml",
+                                               "requirements.txt", "setup.py"}
+    assert r["packages_scanned"] == []     # all CPU-safe, GPU-only (listed at imports) or absent
+
+
+def test_workload_targets_for_a_module(tmp_path, monkeypatch):
+    _write(str(tmp_path / "wpkg" / "__init__.py"), b"")
+    _write(str(tmp_path / "wpkg" / "models" / "__init__.py"), b"from .gpt import GPT\n")
+    _write(str(tmp_path / "wpkg" / "models" / "gpt.py"), b"from ..ops import fused\nimport torch\n")
+    _write(str(tmp_path / "wpkg" / "ops.py"), b"import triton\n")
+    _write(str(tmp_path / "wpkg" / "unused.py"), b"x.cuda()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t = inventory.workload_targets("wpkg.models:GPT")
+    assert t["root"] == str(tmp_path) and t["packages"] == ["torch", "triton"]
+    assert [os.path.relpath(p, tmp_path) for p in t["paths"]] == [
+        "wpkg/models/__init__.py", "wpkg/models/gpt.py", "wpkg/__init__.py", "wpkg/ops.py"]
+    assert inventory.workload_targets("no_such_module_xyz:f")["error"] == "not found: no_such_module_xyz"
+    assert inventory.workload_targets(None)["error"].startswith("TypeError")
+
+
+def test_function_suffix_is_stripped():
+    strip = inventory._strip_function
+    assert strip("a/b.py:fn") == "a/b.py" and strip("pkg.mod:Class.fn") == "pkg.mod"
+    assert strip("a/b.py") == "a/b.py" and strip("C:\\w\\b.py") == "C:\\w\\b.py"

@@ -43,7 +43,8 @@ cuda; cuda.synchronize()` counts; comments and docstrings never do); a file with
 CUDA-related word and no GPU-package import is not parsed at all. C++/CUDA files and
 requirement files are read with linear-time patterns.
 
-Public API: scan(paths, packages=(), root=None) and imported_packages(paths).
+Public API: scan(paths, packages=(), root=None), imported_packages(paths) and
+workload_targets(source) (scan()'s arguments for "path/to/file.py:fn" or "pkg.mod:fn").
 Neither raises on bad input: unreadable, binary, huge or unparsable files are
 listed under "skipped" with the reason.
 """
@@ -55,7 +56,7 @@ import re
 import stat
 import sys
 
-__all__ = ["scan", "imported_packages", "GPU_PACKAGES", "KINDS", "EFFORTS"]
+__all__ = ["scan", "imported_packages", "workload_targets", "GPU_PACKAGES", "KINDS", "EFFORTS"]
 
 KINDS = ("cuda_call", "cuda_api", "device_string", "cudnn_flag", "cpp_extension",
          "cuda_source", "triton_kernel", "custom_op", "gpu_package")
@@ -182,7 +183,8 @@ _CUDA_BUILD = re.compile(r"^(?P<base>.+?)-(?:cu\d+|cuda\d+x?)$")   # cudf-cu12, 
 
 # Packages that run on CPU as they are: their guarded CUDA paths are not the
 # workload's to migrate, and scanning them (transformers has thousands of files)
-# would drown the report.
+# would drown the report. numba.cuda and torchao's CUDA-only parts are listed
+# where the workload imports them (GPU_PACKAGES).
 CPU_SAFE_PACKAGES = frozenset("""
     torch torch_pjrt functorch torchvision torchaudio torchtext torchdata torchmetrics numpy scipy
     pandas sklearn matplotlib PIL cv2 skimage imageio h5py pyarrow tqdm yaml requests jinja2 rich
@@ -190,7 +192,8 @@ CPU_SAFE_PACKAGES = frozenset("""
     huggingface_hub safetensors accelerate peft evaluate timm einops sentencepiece tiktoken regex
     nltk lightning pytorch_lightning pytest google absl protobuf onnx onnxruntime psutil packaging
     setuptools pkg_resources attr attrs pydantic fsspec filelock networkx sympy opt_einsum jax
-    jaxlib flax optax librosa soundfile
+    jaxlib flax optax librosa soundfile numba torchao diffusers sentence_transformers
+    torch_geometric kornia seaborn plotly xgboost lightgbm
 """.split())
 
 # torch.cuda.<name> -> (effort, suggestion). Looked up by the longest dotted prefix,
@@ -315,6 +318,154 @@ def imported_packages(paths, *, max_files=MAX_FILES):
         pass
     stdlib = set(getattr(sys, "stdlib_module_names", ())) | {"__future__", "__main__"}
     return sorted(found - stdlib - local)
+
+
+def workload_targets(source, *, max_files=MAX_FILES):
+    """scan()'s arguments for a workload named as the assess CLI names it,
+    "path/to/file.py[:function]" or "package.module[:function]", without importing it:
+    {"paths", "packages", "root", "error"}.
+
+    paths: the workload's file, the workload's own modules it imports (transitively,
+    resolved under root), the C++/CUDA sources those files name (cpp_extension.load,
+    CUDAExtension), and root's setup.py / pyproject.toml / requirements*.txt.
+    packages: imported_packages(paths). root: the directory its imports resolve from
+    (above the outermost package holding the file). A workload installed in
+    site-packages or the stdlib is followed within its own top-level package only."""
+    try:
+        target = _strip_function(os.fsdecode(source))
+        file = target if target.endswith(".py") or os.path.isfile(target) else _module_file(target)
+        if not file or not os.path.isfile(file):
+            return {"paths": [], "packages": [], "root": None, "error": f"not found: {target}"}
+        file = os.path.abspath(file)
+        root = _import_root(file)
+        installed = _is_installed(root)
+        scope = _outermost_package(file) if installed else root
+        paths = _local_closure(file, root, scope, max_files) + ([] if installed else _project_files(root))
+        return {"paths": paths, "packages": imported_packages(paths), "root": root, "error": None}
+    except Exception as e:
+        return {"paths": [], "packages": [], "root": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def _strip_function(source):
+    """"a/b.py:fn" -> "a/b.py"; "pkg.mod:Class.fn" -> "pkg.mod"; "C:\\x.py" unchanged."""
+    head, sep, tail = source.rpartition(":")
+    if sep and len(head) > 1 and all(p.isidentifier() for p in tail.split(".")):
+        return head
+    return source
+
+
+def _module_file(dotted):
+    """The .py file of a dotted module, found from its top-level package's spec
+    (find_spec of the top level imports nothing; the rest is looked up on disk)."""
+    parts = dotted.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except Exception:
+        return None
+    if spec is None:
+        return None
+    if len(parts) == 1:
+        return spec.origin if spec.origin and spec.origin.endswith(".py") else None
+    for base in spec.submodule_search_locations or ():
+        path = os.path.join(base, *parts[1:])
+        for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+def _outermost_package(file):
+    """The top-level package directory holding `file` (or the file itself)."""
+    top, d = file, os.path.dirname(file)
+    while os.path.isfile(os.path.join(d, "__init__.py")) and os.path.dirname(d) != d:
+        top, d = d, os.path.dirname(d)
+    return top
+
+
+def _import_root(file):
+    top = _outermost_package(file)
+    return os.path.dirname(top)
+
+
+def _is_installed(root):
+    """site-packages / dist-packages or the stdlib: other packages live beside it."""
+    import sysconfig
+    stdlib = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+    real = os.path.realpath(root)
+    return os.path.basename(real) in ("site-packages", "dist-packages") or real in stdlib
+
+
+def _local_closure(file, root, scope, max_files):
+    """`file` and every module in `scope` it imports, transitively, plus the
+    C++/CUDA sources their string literals name."""
+    out, seen, queue = [], set(), [file]
+    scope = os.path.realpath(scope)
+    while queue and len(out) < max_files:
+        f = queue.pop(0)
+        real = os.path.realpath(f)
+        if real in seen or not (real == scope or real.startswith(scope + os.sep)):
+            continue
+        seen.add(real)
+        out.append(f)
+        if f.endswith(".py"):
+            queue += _local_imports(f, root) + _package_init(f)
+    return out
+
+
+def _package_init(file):
+    """The enclosing package's __init__.py: importing a module runs it first."""
+    d = os.path.dirname(file)
+    if os.path.basename(file) == "__init__.py":
+        d = os.path.dirname(d)
+    init = os.path.join(d, "__init__.py")
+    return [init] if os.path.isfile(init) else []
+
+
+def _local_imports(file, root):
+    text, _ = _read(file, MAX_BYTES)
+    try:
+        tree = ast.parse(text or "")
+    except Exception:
+        return []
+    here = os.path.dirname(file)
+    found = []
+    for node in _statements(tree.body):
+        if isinstance(node, ast.Import):
+            found += [_module_path(root, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = root
+            if node.level:
+                base = here
+                for _ in range(node.level - 1):
+                    base = os.path.dirname(base)
+            module = node.module or ""
+            found.append(_module_path(base, module))
+            found += [_module_path(base, f"{module}.{a.name}".strip(".")) for a in node.names]
+    for node in ast.walk(tree):   # sources handed to cpp_extension.load / CUDAExtension
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.endswith(tuple(_CU_EXT | _CPP_EXT)) and len(node.value) < 300:
+            found += [os.path.join(d, node.value) for d in (here, root)]
+    return [p for p in found if p and os.path.isfile(p)]
+
+
+def _module_path(base, dotted):
+    if not dotted:
+        return None
+    path = os.path.join(base, *dotted.split("."))
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _project_files(root):
+    """Build and dependency files at the top of the workload's tree."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names
+            if n in ("setup.py", "pyproject.toml") or _file_kind(os.path.join(root, n)) == "requirements"]
 
 
 # ----------------------------------------------------------------------------- walking
