@@ -39,8 +39,14 @@ def _assess(argv):
         report = runner.Assessment(spec, args.out, args.config, args.quick, overrides, args.against,
                                    not args.no_progress).run()
     except (ValueError, FileNotFoundError, AttributeError, TypeError, ImportError) as e:
-        print(f"torch_pjrt assess: {e}", file=sys.stderr)
+        print(f"torch_pjrt assess: {e}", file=sys.stderr)  # the workload or the settings
         return 2
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("TORCH_PJRT_ASSESS_DEBUG"):
+            raise
+        print(f"torch_pjrt assess: {type(e).__name__}: {e} (TORCH_PJRT_ASSESS_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
     v = report.get("verdict") or {}
     print(f"verdict: {v.get('overall', 'not decided')}")
     for b in (v.get("blocking") or [])[:5]:

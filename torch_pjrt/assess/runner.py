@@ -65,7 +65,8 @@ def _run_worker(request, work_dir, timeout, env_extra=None):
     with open(path, "w") as f:
         json.dump(request, f)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               TORCH_PJRT_ASSESS_STAGE=request["stage"])  # a workload may ask which stage runs it
     env.update(env_extra or {})
     log = open(path[:-5] + ".log", "w")
     try:
@@ -94,7 +95,7 @@ def _fingerprint(workload):
     h = hashlib.sha256()
     for k, v in sorted(workload.build_model().state_dict().items()):
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -153,9 +154,15 @@ class Assessment:
     # ---- stages ----
     def inventory(self):
         from . import inventory
-        paths = self.workload.source_paths
-        self.report["inventory"] = inventory.scan(paths, packages=inventory.imported_packages(paths),
-                                                  root=paths[0] if paths else None)
+        if self.spec.startswith("hf:"):
+            # A model directory holds no source of the user's (transformers' own code is the model).
+            self.report["inventory"] = inventory.scan([], packages=["transformers"])
+            return None
+        t = inventory.workload_targets(self.spec)
+        if t.get("error"):
+            return t["error"]
+        self.report["inventory"] = inventory.scan(t["paths"], t["packages"], root=t["root"])
+        return self.report["inventory"].get("error")
 
     def analyze(self):
         run = self.settings["run"]
