@@ -46,6 +46,12 @@ if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 || log "ccache unavailable; building without it"
 fi
 
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  log "installing chromium (Debian; headless browser for the assessment report's page test)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || log "chromium unavailable; tests/test_assess_report.py skips its browser check"
+fi
+
 export CCACHE_BASEDIR="$ROOT"  # cache hits across clones of the repo
 log "building the C++ extension in $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
