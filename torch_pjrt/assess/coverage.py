@@ -137,5 +137,7 @@ def recompiles(workload, batch_sizes):
             break
         for message in list(stats.HISTORY["recompiles"])[seen:]:
             graph = message.split("'")[1] if "'" in message else None
+            if len(message) > 400:  # a graph with many inputs lists each changed one
+                message = message[:400] + f" ... ({len(message) - 400} more characters)"
             events.append({"batch_size": bs, "graph": graph, "reason": message})
     return events, errors

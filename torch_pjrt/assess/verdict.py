@@ -95,7 +95,7 @@ def decide(report, settings):
         largest = mem.get("largest_batch")
         ok = largest is not None and largest >= need
         criteria.append({"name": "memory", "pass": ok, "value": f"largest batch {largest}",
-                         "threshold": f">= batch {need}" + (f" within {mem['limit_bytes']} bytes"
+                         "threshold": f">= batch {need}" + (f" within {mem['limit_bytes'] / 2**30:.2f} GiB"
                                                            if mem.get("limit_bytes") else ""), "detail": ""})
         if not ok:
             blocking.append(f"memory: batch {need} does not fit (largest that runs: {largest})")
