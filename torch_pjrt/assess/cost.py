@@ -1,5 +1,6 @@
 """Cost per 1,000 successfully completed items, per side, from the measured
-throughput and start-up and the prices in the config (none are built in):
+throughput and start-up (process start, import, model load, compile,
+warm-up; from a cold cache) and the prices in the config (none are built in):
 device time = (start-up spread over the job + 1,000 items at the measured
 rate, with retried calls) / (1 - idle share), times the device count; cost =
 device time x price per device-hour. Without prices the figure is
@@ -33,8 +34,9 @@ def estimate(performance, settings):
         rate = _best(throughput, side, batch) if batch else None
         if not rate:
             continue
-        starts = [r["total"] for r in cold if r["frontend"] == side and r.get("cache") in ("cold", None)
-                  and r.get("total") is not None]
+        # Start-up: process start, import, model load, first call (compile) and warm-up.
+        starts = [r["total"] + r.get("warmup", 0.0) for r in cold
+                  if r["frontend"] == side and r.get("cache") in ("cold", None) and r.get("total") is not None]
         startup = min(starts) if starts else 0.0
         baseline = side == "baseline"
         devices = prices["baseline_devices"] if baseline else prices["target_devices"]

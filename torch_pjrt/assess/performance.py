@@ -38,6 +38,7 @@ def measure(workload, device, frontend, batch_sizes, warmup, iterations, phases)
         runner(first_inputs)
         steady.append(time.perf_counter() - t0)
     phases["steady_call"] = statistics.median(steady)
+    phases["warmup"] = sum(steady)  # the calls after the first until steady (cost counts them)
     phases["total"] = sum(phases[k] for k in ("process_start", "import", "model_load", "first_call"))
     latency, throughput = [], []
     for bs in batch_sizes:
