@@ -40,11 +40,14 @@ int GraphProgram::input_view(int input_index, const at::Tensor& t) {
   device::DeviceLock lock;
   device::StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
-  if (!sb.buffer) device::ensure_buffer(sb, dt);
-  ParamSource src{ParamSource::Storage, input_index, {}, sb.dtype};
-  src.storage_numel = sb.numel();
+  // The element type ensure_buffer would give a storage never written, without
+  // making it: lowering allocates nothing (readiness captures huge models so).
+  DType st = sb.buffer ? sb.dtype : sb.nbytes % lowering::itemsize(dt) == 0 ? dt : DType::U8;
+  int64_t numel = static_cast<int64_t>(sb.nbytes) / lowering::itemsize(st);
+  ParamSource src{ParamSource::Storage, input_index, {}, st};
+  src.storage_numel = numel;
   src.view = eager::view_of(t);
-  Value flat = lowering::reinterpret_flat(b_, b_.param(TensorType{sb.dtype, {sb.numel()}}), dt);
+  Value flat = lowering::reinterpret_flat(b_, b_.param(TensorType{st, {numel}}), dt);
   params_.push_back(src);
   return add(lowering::read_strided(b_, flat, src.view));
 }

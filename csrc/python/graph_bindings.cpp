@@ -132,7 +132,15 @@ void bind_graph(py::module& m) {
         return py::make_tuple(device::to_scalar_type(t.dtype), t.shape);
       })
       .def("finish", &GraphProgram::finish)
-      .def("num_params", [](GraphProgram& g) { return g.params().size(); });
+      .def("num_params", [](GraphProgram& g) { return g.params().size(); })
+      // Per program parameter: (kind, graph input index or -1); readiness
+      // annotates shardings from it.
+      .def("param_sources", [](GraphProgram& g) {
+        static const char* kKinds[] = {"input", "rng", "cpu_pack", "storage", "check_word"};
+        py::list out;
+        for (const auto& p : g.params()) out.append(py::make_tuple(kKinds[p.kind], p.input));
+        return out;
+      });
 
   py::class_<graph::CompiledGraph, std::shared_ptr<graph::CompiledGraph>>(m, "CompiledGraph")
       .def(py::init([](GraphProgram& prog, const std::string& text, const py::list& outputs,

@@ -12,6 +12,7 @@
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "python/graph_bindings.h"
+#include "python/readiness_bindings.h"
 #include "runtime/pjrt_runtime.h"
 #include "runtime/program_cache.h"
 
@@ -135,4 +136,5 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("registered_lowerings", &lowering::registered_lowerings);
   m.def("lowering_table", &lowering::lowering_table);
   python::bind_graph(m);
+  python::bind_readiness(m);
 }

@@ -38,26 +38,6 @@ std::unique_ptr<Runtime>& instance() {
 const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
 const std::string kCompileOptionsBytes(kCompileOptions, sizeof(kCompileOptions));
 
-std::string named_value_string(const PJRT_NamedValue& v) {
-  switch (v.type) {
-    case PJRT_NamedValue_kString:
-      return std::string(v.string_value, v.value_size);
-    case PJRT_NamedValue_kInt64:
-      return std::to_string(v.int64_value);
-    case PJRT_NamedValue_kInt64List: {
-      std::string s;
-      for (size_t i = 0; i < v.value_size; ++i)
-        s += (i ? "," : "") + std::to_string(v.int64_array_value[i]);
-      return s;
-    }
-    case PJRT_NamedValue_kFloat:
-      return std::to_string(v.float_value);
-    case PJRT_NamedValue_kBool:
-      return v.bool_value ? "true" : "false";
-  }
-  return "";
-}
-
 // The host CPU as far as compiled code cares: model and instruction-set
 // flags (XLA's CPU backend compiles for the host it runs on).
 std::string host_cpu_description() {
@@ -81,18 +61,6 @@ std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   return s;
-}
-
-// A scalar client option; the caller sets the value field.
-PJRT_NamedValue named_value(const char* name, PJRT_NamedValue_Type type) {
-  PJRT_NamedValue v;
-  std::memset(&v, 0, sizeof(v));
-  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  v.name = name;
-  v.name_size = std::strlen(name);
-  v.type = type;
-  v.value_size = 1;
-  return v;
 }
 
 }  // namespace

@@ -50,4 +50,37 @@ inline void discard(const PJRT_Api* api, PJRT_Error* err) {
   api->PJRT_Error_Destroy(&d);
 }
 
+// A named value's value as text (plugin attributes, topology attributes).
+inline std::string named_value_string(const PJRT_NamedValue& v) {
+  switch (v.type) {
+    case PJRT_NamedValue_kString:
+      return std::string(v.string_value, v.value_size);
+    case PJRT_NamedValue_kInt64:
+      return std::to_string(v.int64_value);
+    case PJRT_NamedValue_kInt64List: {
+      std::string s;
+      for (size_t i = 0; i < v.value_size; ++i)
+        s += (i ? "," : "") + std::to_string(v.int64_array_value[i]);
+      return s;
+    }
+    case PJRT_NamedValue_kFloat:
+      return std::to_string(v.float_value);
+    case PJRT_NamedValue_kBool:
+      return v.bool_value ? "true" : "false";
+  }
+  return "";
+}
+
+// A scalar client option; the caller sets the value field.
+inline PJRT_NamedValue named_value(const char* name, PJRT_NamedValue_Type type) {
+  PJRT_NamedValue v;
+  std::memset(&v, 0, sizeof(v));
+  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  v.name = name;
+  v.name_size = std::strlen(name);
+  v.type = type;
+  v.value_size = 1;
+  return v;
+}
+
 }  // namespace torch_pjrt::runtime

@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from .. import _state
-from . import stats
+from . import capture, stats
 from .lower_graph import Unsupported, lower_graph, split_host
 from .partition import partition
 
@@ -82,6 +82,8 @@ class CompiledGraphFn:
         # Boxed (one list, which we clear to free inputs early) or, when a
         # wrapper dropped the _boxed_call mark, positional.
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        if capture.active() is not None:
+            return self._capture(args)
         sig = _signature(args)
         candidates = self.entries.get(sig)
         if not candidates:
@@ -116,6 +118,15 @@ class CompiledGraphFn:
         host_values = lowered.host(args) if lowered.host else ()
         args.clear()
         stats.COUNTERS["compiled_graph_runs"] += 1
+        return [_unpack(outs, host_values, t) for t in lowered.output_template]
+
+    def _capture(self, args):
+        # A dry run (capture.py): lower and record; the outputs are placeholders.
+        lowered = lower_graph(self.gm, args, split_host(self.gm, args))
+        capture.active().record(self.name, lowered, args)
+        outs = capture.placeholder_outputs(lowered)
+        host_values = lowered.host(args) if lowered.host else ()
+        args.clear()
         return [_unpack(outs, host_values, t) for t in lowered.output_template]
 
     def _forget_evicted(self):
