@@ -15,7 +15,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "assess_workloads.py")
 KEYS = ("inventory", "coverage", "numerics", "performance", "memory", "failures", "cost", "verdict")
 
 
-def assess(tmp_path, spec, *args, config=None, expect_rc=0):
+def assess(tmp_path, spec, *args, config=None, expect_rc=0, env_extra=None):
     out = tmp_path / "report"
     cmd = [sys.executable, "-m", "torch_pjrt", "assess", *([spec] if spec else []), "--out", str(out),
            "--no-progress", *args]
@@ -23,7 +23,7 @@ def assess(tmp_path, spec, *args, config=None, expect_rc=0):
         cfg = tmp_path / "config.toml"
         cfg.write_text(config)
         cmd += ["--config", str(cfg)]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(env_extra or {}))
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert p.returncode == expect_rc, p.stdout[-2000:] + p.stderr[-4000:]
     if expect_rc or "--baseline-only" in args:
@@ -45,7 +45,7 @@ def test_gpt_training_quick_end_to_end(tmp_path):
     assert r["schema_version"] == 1 and all(k in r for k in KEYS)
     assert {s["name"]: s["status"] for s in r["stages"]} == {
         "inventory": "ok", "coverage": "ok", "numerics": "ok", "performance": "ok", "memory": "ok",
-        "cost": "ok", "verdict": "ok"}, r["stages"]
+        "readiness": "ok", "cost": "ok", "verdict": "ok"}, r["stages"]
     assert r["failures"] == [], r["failures"]
     cov = r["coverage"]
     assert cov["summary"]["failing"] == 0 and cov["summary"]["cpu_fallback"] == 0
@@ -70,8 +70,15 @@ def test_gpt_training_quick_end_to_end(tmp_path):
         assert l["p50"] <= l["p95"] <= l["p99"] and l["n"] == len(l["samples"]) == 5
     assert r["memory"]["largest_batch"] >= 8 and r["memory"]["first_oom_batch"] is None
     assert r["cost"]["rows"] and r["cost"]["note"]  # no prices: device-seconds only
+    rd = r["readiness"]  # --quick: v5e:2x2, one chip, no largest-batch search
+    assert rd["available"] and [(x["topology"], x["batch_size"]) for x in rd["rows"]] == [
+        ("v5e:2x2", b) for b in (1, 2, 4, 8)]
+    assert all(x["fits"] and x["step_flops"] > 0 and x["step_estimate_seconds"] > 0 for x in rd["rows"])
+    assert {p["phase"] for p in rd["rows"][0]["programs"]} >= {"forward", "backward", "optimizer step"}
     assert r["verdict"]["overall"] in ("ready", "ready after listed changes")
     assert (out / "report.html").exists() and (out / "report.md").exists()
+    md = (out / "report.md").read_text()
+    assert "## TPU readiness (estimate)" in md and "| v5e:2x2 | 1 | 8 | yes |" in md
     assert "verdict:" in p.stdout and "report.html" in p.stdout
 
 
@@ -96,6 +103,42 @@ min_throughput_ratio = 0.000001
     assert stage(r, "memory")["status"] == "skipped"
     assert r["config"]["prices"]["target_per_device_hour"] == 1.0
     assert r["config_defaults"]["prices"]["target_per_device_hour"] is None
+
+
+def test_readiness_stage_topologies_chips_and_largest_batch(tmp_path):
+    # batch x 1 MiB of activations: a v5e chip (15.75 GiB) holds some thousands.
+    r, _, out = assess(tmp_path, f"{FIXTURES}:wide", config="""
+[run]
+stages = ["readiness"]
+batch_sizes = [4, 64]
+[readiness]
+topologies = ["v5e:2x2", "v6e:2x2"]
+chips = [1, 2]
+largest_batch = true
+tolerance = 0.05
+""")
+    rows = r["readiness"]["rows"]
+    assert {(x["topology"], x["chips"], x["batch_size"]) for x in rows} == {
+        (t, c, b) for t in ("v5e:2x2", "v6e:2x2") for c in (1, 2) for b in (4, 64)}
+    last = [x for x in rows if x["batch_size"] == 64]
+    assert all(4096 < x["largest_batch"] < 65536 and x["largest_batch"] % x["chips"] == 0 for x in last)
+    by = {(x["topology"], x["chips"]): x["largest_batch"] for x in last}
+    assert by[("v6e:2x2", 1)] > by[("v5e:2x2", 1)] and by[("v5e:2x2", 2)] > by[("v5e:2x2", 1)]
+    assert all(x.get("largest_batch") is None for x in rows if x["batch_size"] == 4)
+    html = (out / "report.html").read_text()
+    assert 'id="readiness"' in html and "estimate" in html
+
+
+def test_readiness_without_libtpu_says_how_to_install(tmp_path):
+    r, _, out = assess(tmp_path, "examples/workloads.py:cnn", config="""
+[run]
+stages = ["readiness", "verdict"]
+""", env_extra={"TORCH_PJRT_LIBTPU": str(tmp_path / "absent" / "libtpu.so")})
+    assert r["readiness"]["available"] is False
+    assert "pip install libtpu==" in r["readiness"]["install"]
+    assert stage(r, "readiness")["status"] == "ok"
+    assert "pip install libtpu==" in (out / "report.md").read_text()
+    assert "pip install libtpu==" in (out / "report.html").read_text()
 
 
 FAST = """

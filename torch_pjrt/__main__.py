@@ -1,4 +1,5 @@
-"""`python -m torch_pjrt assess ...` (the migration assessment) and
+"""`python -m torch_pjrt assess ...` (the migration assessment),
+`python -m torch_pjrt readiness ...` (TPU readiness without a TPU) and
 `python -m torch_pjrt cache ...` (the persistent executable cache)."""
 import argparse
 import os
@@ -59,17 +60,21 @@ def _assess(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m torch_pjrt {assess,cache} ...\n"
-              "  assess  assess moving a PyTorch model to an XLA device (python -m torch_pjrt assess -h)\n"
-              "  cache   the persistent executable cache (python -m torch_pjrt cache -h)")
+        print("usage: python -m torch_pjrt {assess,readiness,cache} ...\n"
+              "  assess     assess moving a PyTorch model to an XLA device (python -m torch_pjrt assess -h)\n"
+              "  readiness  compile a workload for TPU topologies, no TPU needed (python -m torch_pjrt readiness -h)\n"
+              "  cache      the persistent executable cache (python -m torch_pjrt cache -h)")
         return 0
     command, rest = argv[0], argv[1:]
     if command == "assess":
         return _assess(rest)
+    if command == "readiness":
+        from torch_pjrt.readiness import cli
+        return cli.main(rest)
     if command == "cache":
         from torch_pjrt import cache
         return cache.main(rest)
-    print(f"python -m torch_pjrt: unknown command {command!r} (assess, cache)", file=sys.stderr)
+    print(f"python -m torch_pjrt: unknown command {command!r} (assess, readiness, cache)", file=sys.stderr)
     return 2
 
 

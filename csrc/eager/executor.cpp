@@ -89,8 +89,18 @@ void set_float_mode(const std::string& op, FloatMode m) {
   g_float_mode[op] = m;
 }
 
+// Programs compiled while recording (the readiness check compiles eager op
+// programs for a TPU topology from these).
+std::mutex g_record_mutex;
+bool g_recording = false;
+std::vector<std::pair<std::string, std::string>> g_recorded;
+
 runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
   if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << text;
+  {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    if (g_recording) g_recorded.emplace_back(what, text);
+  }
   return rt().compile(text);
 }
 
@@ -247,6 +257,18 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     cache_put(dynamic ? inst.key_dynamic : inst.key_static, plan);
   }
   run_plan(*plan, schema, inst, args, stack, nargs);
+}
+
+bool record_programs(bool on) {
+  std::lock_guard<std::mutex> lock(g_record_mutex);
+  bool was = g_recording;
+  g_recording = on;
+  return was;
+}
+
+std::vector<std::pair<std::string, std::string>> take_recorded_programs() {
+  std::lock_guard<std::mutex> lock(g_record_mutex);
+  return std::exchange(g_recorded, {});
 }
 
 std::vector<runtime::BufferPtr> run_cached(

@@ -11,6 +11,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lowering/builder.h"
 #include "runtime/pjrt_runtime.h"
@@ -40,5 +42,10 @@ int64_t executable_cache_size();
 // on every call) or "by value" (part of the cache key).
 std::map<std::string, std::string> float_modes();
 void clear_executable_cache();
+// While on, every eager program compiled is kept as (op, StableHLO text);
+// take_recorded_programs() hands them over (and forgets them). Returns the
+// previous setting.
+bool record_programs(bool on);
+std::vector<std::pair<std::string, std::string>> take_recorded_programs();
 
 }  // namespace torch_pjrt::eager

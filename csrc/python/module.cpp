@@ -125,6 +125,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("float_modes", &eager::float_modes);
+  m.def("record_programs", &eager::record_programs);
+  m.def("take_recorded_programs", &eager::take_recorded_programs);
   // Calls that ran through the CPU fallback so far (cheap: the assessment asks per op).
   m.def("cpu_fallback_calls", [] {
     int64_t n = 0;

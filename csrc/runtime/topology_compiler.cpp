@@ -62,6 +62,12 @@ void set_no_tpu_environment() {
   setenv("TPU_SKIP_MDS_QUERY", "1", 0);
   setenv("TPU_WORKER_ID", "0", 0);
   setenv("TPU_WORKER_HOSTNAMES", "localhost", 0);
+  // Only silences "could not determine TPU accelerator type" on stderr;
+  // topologies are still made from the names asked for.
+  setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4", 0);
+  // With no chip to share, several processes may compile at once (libtpu
+  // otherwise takes /tmp/libtpu_lockfile and a second process fails).
+  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
   setenv("TF_CPP_MIN_LOG_LEVEL", "2", 0);
 }
 

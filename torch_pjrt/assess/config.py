@@ -19,7 +19,7 @@ import tomllib
 
 DEFAULTS = {
     "run": {
-        "stages": ["inventory", "coverage", "numerics", "performance", "memory", "cost", "verdict"],
+        "stages": ["inventory", "coverage", "numerics", "performance", "memory", "readiness", "cost", "verdict"],
         "frontends": ["eager", "compiled"],  # how the tpu side runs
         "baseline_device": "auto",   # "auto": cuda where present, else cpu
         "warmup": 3,                 # calls before timing, per batch size
@@ -36,6 +36,13 @@ DEFAULTS = {
         "limit": None,               # bytes or "16GiB" or a fraction: TORCH_PJRT_MEMORY_LIMIT of the sweep
         "sweep_factor": 4,           # the memory sweep goes on doubling up to this x the largest batch size
         "required_batch": None,      # None: the largest batch size of the sweep
+    },
+    "readiness": {                   # TPU readiness: compiled for TPU topologies by libtpu, no TPU needed
+        "topologies": ["v5e:2x2", "v6e:2x2"],
+        "chips": [1],                # data parallel over this many chips of the topology (the batch split)
+        "batch_sizes": None,         # None: the sweep's
+        "largest_batch": True,       # search the largest batch that fits (compiles more)
+        "tolerance": 0.02,           # the search stops when the smallest batch too big is within this fraction
     },
     "prices": {
         "baseline_per_device_hour": None,
@@ -61,6 +68,7 @@ DEFAULTS = {
 QUICK = {
     "run": {"warmup": 1, "iterations": 5, "frontends": ["eager", "compiled"]},
     "memory": {"sweep_factor": 2},
+    "readiness": {"topologies": ["v5e:2x2"], "largest_batch": False},
 }
 
 

@@ -41,6 +41,7 @@ SECTIONS = [
     ("numerics", "Numerics"),
     ("performance", "Performance"),
     ("memory", "Memory"),
+    ("readiness", "TPU readiness (estimate)"),
     ("cost", "Cost"),
     ("environment", "Environment & settings"),
 ]
@@ -754,6 +755,30 @@ def _memory(report, stages):
             "rows_reason": None if rows else "no per-batch measurements recorded"}
 
 
+def _readiness(report, stages):
+    rd = report.get("readiness")
+    if not isinstance(rd, dict):
+        return _missing(stages.reason("readiness"))
+    if not rd.get("available"):
+        return {"ok": True, "available": False, "install": _str(rd.get("install"))}
+    rows = []
+    for r in _dl(rd.get("rows")):
+        lo, hi = r.get("largest_batch"), r.get("smallest_not_fitting")
+        largest = None if lo is None and hi is None else (
+            "none" if lo is None else (str(lo) if hi is None or hi - lo <= (r.get("chips") or 1) else f"{lo} (<{hi})"))
+        flops, nbytes = _finite(r.get("step_flops")), _finite(r.get("step_bytes_accessed"))
+        rows.append({"topology": _str(r.get("topology")), "chips": r.get("chips"), "batch_size": r.get("batch_size"),
+                     "error": _str(r.get("error")) or None, "fits": r.get("fits"),
+                     "peak": _finite(r.get("step_peak_bytes")), "memory": _finite(r.get("memory_per_chip")),
+                     "margin": _finite(r.get("margin_bytes")), "flops": flops,
+                     "intensity": flops / nbytes if flops is not None and nbytes else None,
+                     "estimate": _finite(r.get("step_estimate_seconds")),
+                     "items_per_s": _finite(r.get("items_per_s_estimate")), "largest": largest,
+                     "programs": len(_dl(r.get("programs")))})
+    return {"ok": True, "available": True, "rows": rows, "note": _str(rd.get("estimate")),
+            "libtpu": _str(rd.get("libtpu")), "rows_reason": None if rows else "no topology compiled"}
+
+
 ASSUMPTION_LABELS = {
     "baseline_price_per_device_hour": "baseline price per device-hour",
     "target_price_per_device_hour": "target price per device-hour",
@@ -887,7 +912,8 @@ def context(report):
            "created": _str(report.get("created"))}
     for key, fn in (("verdict", _verdict), ("failures", _failures), ("inventory", _inventory),
                     ("coverage", _coverage), ("numerics", _numerics), ("performance", _performance),
-                    ("memory", _memory), ("cost", _cost), ("environment", _environment)):
+                    ("memory", _memory), ("readiness", _readiness), ("cost", _cost),
+                    ("environment", _environment)):
         ctx[key] = _guard(fn, report, stages)
     if "overall" not in ctx["verdict"]:
         ctx["verdict"].update(overall=None, css="unknown", criteria=[], blocking=[], changes=[])

@@ -124,7 +124,8 @@ class Assessment:
         self.report = {"schema_version": SCHEMA_VERSION,
                        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        "stages": [], "failures": [], "inventory": None, "coverage": None, "numerics": None,
-                       "performance": None, "memory": None, "cost": None, "verdict": None}
+                       "performance": None, "memory": None, "readiness": None, "cost": None,
+                       "verdict": None}
 
     # ---- helpers ----
     def _stage(self, name, fn):
@@ -253,6 +254,27 @@ class Assessment:
         self.report["memory"] = result.get("memory")
         return None if result.get("memory") else result.get("error", "failed").strip().splitlines()[-1]
 
+    def readiness(self):
+        """TPU readiness: each batch's step compiled for TPU topologies by
+        libtpu (torch_pjrt/readiness); when libtpu is absent, how to get it."""
+        from torch_pjrt.readiness import plugin
+        r = self.settings["readiness"]
+        if not plugin.available():
+            self.report["readiness"] = {"available": False, "install": plugin.install_hint()}
+            return None
+        result, fail = _run_worker(dict(self._request("readiness"), batch_sizes=r["batch_sizes"] or self.batch_sizes),
+                                   self.work, self._timeout())
+        if fail:
+            self.report["failures"].append(fail)
+            return f"{fail['kind']}: {fail['error'].splitlines()[0]}"
+        self.report["failures"].extend(result["failures"])
+        self.report["readiness"] = result.get("readiness")
+        if not self.report["readiness"]:
+            return result.get("error", "failed").strip().splitlines()[-1]
+        errors = [f"{row['topology']} x{row['chips']} batch {row['batch_size']}: {row['error']}"
+                  for row in self.report["readiness"]["rows"] if "error" in row]
+        return "; ".join(errors) or None
+
     def cost(self):
         self.report["cost"] = cost_mod.estimate(self.report["performance"], self.settings)
 
@@ -281,7 +303,7 @@ class Assessment:
         self.against_outputs = os.path.join(os.path.dirname(os.path.abspath(self.against)), meta["outputs_file"])
 
     def run(self):
-        self.progress = Progress(7, self.progress_enabled)
+        self.progress = Progress(8, self.progress_enabled)
         try:
             self.workload = load_spec(self.spec)
             self.batch_sizes = list(self.settings["run"]["batch_sizes"] or self.workload.batch_sizes)
@@ -314,6 +336,7 @@ class Assessment:
                                                       "seconds": seconds, "reason": reason if failed else None})
             self._stage("performance", self.performance)
             self._stage("memory", self.memory)
+            self._stage("readiness", self.readiness)
             self._stage("cost", self.cost)
             self._stage("verdict", self.decide)
         finally:

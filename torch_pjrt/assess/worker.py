@@ -95,6 +95,20 @@ def memory(request, workload):
     return {"memory": result, "failures": fails}
 
 
+def readiness(request, workload):
+    from torch_pjrt.readiness import cli, plugin
+    from torch_pjrt.readiness.core import MARGIN_NOTE
+    r = request["settings"]["readiness"]
+    rows = cli.workload_rows(workload, r["topologies"], request["batch_sizes"], r["chips"], r["largest_batch"],
+                             tolerance=r["tolerance"])
+    for row in rows:  # the per-program figures stay in the JSON; the report shows the step
+        for prog in row.get("programs", []):
+            prog.pop("serialized_path", None)
+    return {"readiness": {"available": True, "libtpu": plugin.LIBTPU_PIN, "note": MARGIN_NOTE,
+                          "estimate": "step times are roofline estimates from published peaks, not measurements",
+                          "rows": rows}, "failures": []}
+
+
 def main(path):
     with open(path) as f:
         request = json.load(f)
@@ -116,6 +130,8 @@ def main(path):
             result = performance(request, workload, phases)
         elif stage == "memory":
             result = memory(request, workload)
+        elif stage == "readiness":
+            result = readiness(request, workload)
         elif stage == "capture":
             result = capture(request, workload)
         else:

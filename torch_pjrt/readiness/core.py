@@ -7,6 +7,7 @@ estimate; search the largest batch that fits by compiling."""
 import copy
 import dataclasses
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional
 
@@ -38,6 +39,7 @@ class ProgramFigures:
     resident_other_bytes: int  # the step's persistent tensors this program does not take (they stay in memory)
     hlo_text: Optional[str] = None
     serialized_path: Optional[str] = None
+    error: Optional[str] = None  # set when libtpu refused it (out of memory): no cost figures then
 
 
 @dataclasses.dataclass
@@ -61,7 +63,8 @@ class Report:
     peak_flops_per_device: Optional[float]
     bandwidth_per_device: Optional[float]
     note: str = MARGIN_NOTE
-    largest_batch: Optional[int] = None
+    largest_batch: Optional[int] = None        # searched by compiling (find_largest_batch)
+    smallest_not_fitting: Optional[int] = None  # the search's bound: a batch compiled and found too big
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -190,6 +193,11 @@ def _topology_facts(topo):
     return kind, len(devices), memory, cores
 
 
+def chip_memory(topology):
+    """Memory per chip of a topology, from its attributes."""
+    return _topology_facts(plugin.topology(topology))[2]
+
+
 def _splits(program, chips, persistent):
     """Per program parameter: split its elements over the chips (a data input) or not."""
     types = sharding.param_types(program.text)
@@ -216,34 +224,64 @@ def compile_programs(programs, persistent, topology="v5e:2x2", chips=1, save_dir
         text = prog.text
         if chips > 1:
             text = sharding.annotate(text, _splits(prog, chips, persistent), chips)
-        r = plugin.plugin().compile(topo, text, 1, chips, chips > 1)
+        taken = {i[2] for i in prog.inputs if i is not None}
+        resident = sum(b for k, b in persistent.items() if k not in taken)
+        t0 = time.perf_counter()
+        try:
+            r = plugin.plugin().compile(topo, text, 1, chips, chips > 1)
+        except RuntimeError as e:
+            required = out_of_memory_bytes(str(e))
+            if required is None:
+                raise
+            # libtpu refuses to compile a program whose buffers exceed the
+            # chip's memory: that program (so the step) does not fit.
+            figures.append(ProgramFigures(
+                name=prog.name, phase=prog.phase, peak_bytes=max(required, memory + 1), argument_bytes=0,
+                output_bytes=0, alias_bytes=0, temp_bytes=0, code_bytes=0, flops=0.0, bytes_accessed=0.0,
+                transcendentals=0.0, arithmetic_intensity=None, estimate_seconds=None, bound=None,
+                compile_seconds=time.perf_counter() - t0, resident_other_bytes=resident,
+                error="out of memory at compile: " + str(e).split("': ", 1)[-1][:300]))
+            continue
         m, c = r["memory"], r["cost"]
         flops, nbytes = c.get("flops", 0.0), c.get("bytes accessed", 0.0)
         est, bound = roofline.estimate(flops, nbytes, *peak) if peak else (None, None)
-        taken = {i[2] for i in prog.inputs if i is not None}
-        resident = sum(b for k, b in persistent.items() if k not in taken)
         path = None
         if save_dir:
             os.makedirs(save_dir, exist_ok=True)
             path = os.path.join(save_dir, f"{prog.name}.{topology.replace(':', '_')}.x{chips}.pjrtexe")
             with open(path, "wb") as f:
                 f.write(r["serialized"])
-        text_out = hlo.to_text(r["optimized_program"], r["optimized_format"]) if keep_hlo else None
+        text_out = hlo.to_text(r["optimized_program"], r["optimized_format"]) if keep_hlo or save_dir else None
         if save_dir and text_out:
             with open(path[:-len(".pjrtexe")] + ".hlo.txt", "w") as f:
                 f.write(text_out)
         figures.append(ProgramFigures(
-            name=prog.name, phase=prog.phase, peak_bytes=int(m.get("peak_bytes", 0)), argument_bytes=int(m.get("argument_bytes", 0)),
-            output_bytes=int(m.get("output_bytes", 0)), alias_bytes=int(m.get("alias_bytes", 0)),
-            temp_bytes=int(m.get("temp_bytes", 0)), code_bytes=int(m.get("generated_code_bytes", 0)),
+            name=prog.name, phase=prog.phase, peak_bytes=int(m.get("peak_bytes", 0)),
+            argument_bytes=int(m.get("argument_bytes", 0)), output_bytes=int(m.get("output_bytes", 0)),
+            alias_bytes=int(m.get("alias_bytes", 0)), temp_bytes=int(m.get("temp_bytes", 0)),
+            code_bytes=int(m.get("generated_code_bytes", 0)),
             flops=flops, bytes_accessed=nbytes, transcendentals=c.get("transcendentals", 0.0),
             arithmetic_intensity=flops / nbytes if nbytes else None, estimate_seconds=est, bound=bound,
             compile_seconds=r["seconds"], resident_other_bytes=resident, hlo_text=text_out, serialized_path=path))
     return figures, (kind, n_devices, memory, peak)
 
 
-def check_programs(programs, persistent, topology, chips, mode, batch_size, save_dir=None):
-    figures, (kind, n_devices, memory, peak) = compile_programs(programs, persistent, topology, chips, save_dir)
+_SIZE = re.compile(r"required for [^(]*\(([0-9.]+)([KMGT]?)\)")
+
+
+def out_of_memory_bytes(message):
+    """The bytes libtpu's "Ran out of memory ... required for HLO temporaries
+    (15.75G) exceeds available HBM" names (summed over the parts it lists),
+    or None when the message is not an out-of-memory refusal."""
+    if "Ran out of memory" not in message and "RESOURCE_EXHAUSTED" not in message:
+        return None
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    return int(sum(float(v) * scale[u] for v, u in _SIZE.findall(message)))
+
+
+def check_programs(programs, persistent, topology, chips, mode, batch_size, save_dir=None, keep_hlo=True):
+    figures, (kind, n_devices, memory, peak) = compile_programs(programs, persistent, topology, chips, save_dir,
+                                                                keep_hlo)
     # The step's peak: the largest program's peak plus what stays in memory
     # besides its own arguments (weights and optimizer state between programs).
     step_peak = max((f.peak_bytes + f.resident_other_bytes for f in figures), default=0)
@@ -269,3 +307,51 @@ def with_batch(inputs, old, new):
             return torch.empty((new, *t.shape[1:]), dtype=t.dtype, device="meta")
         return t
     return torch.utils._pytree.tree_map(one, inputs)
+
+
+def search_largest(peak, step, max_batch, memory, known=None, max_compiles=32, tolerance=0.0):
+    """The largest multiple of `step` up to `max_batch` with peak(b) <= memory
+    (peak growing with b), None when `step` itself does not fit. peak(b)
+    compiles; known: (batch, its peak) already compiled.
+
+    Peak memory is close to affine in the batch (weights + per-item
+    activations), so the next batch tried is where the line through the two
+    nearest compiled points crosses the chip's memory: rounded up while no
+    batch is known not to fit (to get a bound), rounded down inside a bound;
+    bisection when one side keeps moving. An affine peak takes 2-4 compiles.
+    tolerance: stop once the batch known not to fit is within this fraction
+    above the one that fits (0: exact to `step`); returns (fits, does not fit
+    or None)."""
+    seen = dict([known]) if known else {}
+
+    def at(b):
+        if b not in seen:
+            seen[b] = peak(b)
+        return seen[b]
+    if at(step) > memory:
+        return None, step
+    top = max_batch // step * step
+    interpolated = False
+    for _ in range(max_compiles):
+        lo = max(b for b, p in seen.items() if p <= memory)
+        failing = [b for b, p in seen.items() if p > memory]
+        hi = min(failing) if failing else None
+        if lo >= top or (hi is not None and hi - lo <= max(step, tolerance * lo)):
+            break
+        # The line through the two fitting points nearest the bound (a
+        # refused program's figure is only "more than the chip").
+        fitting = [(b, p) for b, p in seen.items() if p <= memory]
+        (b0, p0), (b1, p1) = (sorted(fitting, key=lambda kv: abs(kv[0] - lo)) + [(None, None)])[:2]
+        slope = (p1 - p0) / (b1 - b0) if b1 is not None and b1 != b0 else 0
+        if slope <= 0 or (hi is not None and (interpolated or hi - lo <= 64 * step)):
+            # No usable line, or the last try inside the bound was a
+            # prediction: halve the bound (peaks padded to tile sizes are steps).
+            cand, interpolated = ((lo + hi) // 2 if hi is not None else 2 * lo), False
+        else:
+            cross = lo + (memory - seen[lo]) / slope
+            cand = -(-int(cross) // step) * step if hi is None else int(cross)
+            interpolated = hi is not None
+        cand = cand // step * step if hi is not None else cand
+        at(min(max(cand, lo + step), hi - step if hi is not None else top))
+    failing = [b for b, p in seen.items() if p > memory]
+    return max(b for b, p in seen.items() if p <= memory), (min(failing) if failing else None)

@@ -1,0 +1,290 @@
+"""TPU readiness without a TPU (torch_pjrt.readiness): programs compiled by
+libtpu for named topologies on this machine, which has no TPU. Figures are
+checked against what they must be (2*M*N*K flops for a matmul, memory
+growing with batch, a model that cannot fit one chip but fits four), not
+against numbers written down."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_pjrt.readiness as readiness
+from torch_pjrt.readiness import core
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import models  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not readiness.available(), reason="libtpu is not installed (pip install libtpu)")
+
+GIB = 2**30
+# Memory per chip libtpu's topologies report (device_memory_bytes_limit).
+CHIP_MEMORY = {"v5e:2x2": 16_909_334_528, "v6e:2x2": 33_550_235_648}
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(extra)
+    return env
+
+
+# ---- figures of plain programs --------------------------------------------------------------
+
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+def test_matmul_flops_are_2mnk(topology):
+    M, N, K = 512, 384, 256
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    r = readiness.check(lambda x, y: x @ y, (a, b), topology=topology)
+    assert r.memory_per_chip == CHIP_MEMORY[topology]
+    assert len(r.programs) == 1
+    assert r.step_flops == pytest.approx(2 * M * N * K, rel=0.05)
+    # Bytes accessed: at least both operands and the result, once.
+    assert r.step_bytes_accessed >= 4 * (M * K + K * N + M * N) * 0.95
+    assert r.fits and r.margin_bytes == r.memory_per_chip - r.step_peak_bytes
+    p = r.programs[0]
+    assert p.arithmetic_intensity == pytest.approx(p.flops / p.bytes_accessed)
+    assert p.estimate_seconds > 0 and p.bound in ("compute", "memory")
+    assert "HloModule" in p.hlo_text
+
+
+def test_peak_grows_with_batch():
+    model = models.MLP()
+    peaks = [readiness.check(model, (torch.randn(b, 32),), topology="v5e:2x2").step_peak_bytes
+             for b in (1024, 8192, 65536)]
+    assert peaks[0] < peaks[1] < peaks[2], peaks
+    # Activations dominate at these sizes: 8x the batch, several times the peak.
+    assert peaks[2] > 4 * peaks[1]
+
+
+def test_bad_topology_and_chips_are_clear_errors():
+    with pytest.raises(ValueError, match="no TPU topology .v9q:2x2."):
+        readiness.check(lambda x: x + 1, (torch.ones(4),), topology="v9q:2x2")
+    with pytest.raises(ValueError, match="8 chips asked, topology v5e:2x2 has 4 devices"):
+        readiness.check(lambda x: x + 1, (torch.ones(8),), topology="v5e:2x2", chips=8)
+    with pytest.raises(ValueError, match="mode"):
+        readiness.check(lambda x: x + 1, (torch.ones(8),), mode="serving")
+
+
+# ---- the shipped models on two topologies ---------------------------------------------------
+
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+def test_gpt_training_step(topology, tmp_path):
+    cfg = models.GPTConfig()
+    x, y = models.gpt_batch(0, batch=8)
+    model = models.GPT(cfg)
+    r = readiness.check(model, (x, y), topology=topology, mode="training",
+                        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), save_dir=str(tmp_path))
+    phases = {p.phase for p in r.programs}
+    assert {"forward", "backward", "optimizer step"} <= phases, phases
+    assert r.fits and r.memory_per_chip == CHIP_MEMORY[topology]
+    # Weights, gradients and two Adam moments stay in memory through the step.
+    n_params = sum(p.numel() for p in model.parameters())
+    assert r.step_peak_bytes >= 4 * 4 * n_params
+    # A transformer's training step is about 6 flops per parameter per token (forward 2, backward 4).
+    tokens = x.numel()
+    assert 4 * n_params * tokens < r.step_flops < 20 * n_params * tokens, (r.step_flops, n_params, tokens)
+    assert r.step_estimate_seconds > 0
+    d = r.to_dict()
+    json.dumps(d)
+    assert "estimate" in d["estimate"] and "hlo_text" not in d["programs"][0]
+    # Serialized executables (what a real TPU of this generation would load) and the scheduled HLO.
+    saved = sorted(os.listdir(tmp_path))
+    assert len([f for f in saved if f.endswith(".pjrtexe")]) == len(r.programs)
+    assert all(os.path.getsize(tmp_path / f) > 1000 for f in saved)
+    assert any(f.endswith(".hlo.txt") for f in saved)
+
+
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+def test_cnn_inference(topology):
+    x = models.cnn_batch(0, batch=16)[0]
+    r = readiness.check(models.SmallCNN(), (x,), topology=topology)
+    assert r.fits and r.mode == "inference" and r.batch_size == 16
+    assert [p.phase for p in r.programs] == ["forward"]
+    assert r.step_flops > 0 and r.step_bytes_accessed > 0
+    assert r.generation == topology.split(":")[0]
+    # The roofline figure is the larger of compute time and memory time at the published peaks.
+    p = r.programs[0]
+    assert p.estimate_seconds == pytest.approx(
+        max(p.flops / r.peak_flops_per_device, p.bytes_accessed / r.bandwidth_per_device))
+
+
+def test_v6e_estimate_faster_than_v5e_for_same_program():
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    e5 = readiness.check(lambda x, y: x @ y, (a, b), topology="v5e:2x2").step_estimate_seconds
+    e6 = readiness.check(lambda x, y: x @ y, (a, b), topology="v6e:2x2").step_estimate_seconds
+    assert e6 < e5
+
+
+def test_eager_op_programs_compile_for_a_topology():
+    a = torch.randn(64, 32, device="tpu")
+    b = torch.randn(32, 16, device="tpu")
+    progs = readiness.eager_programs(lambda: torch.relu(a @ b + 1.0))
+    assert any("mm" in p.name for p in progs), [p.name for p in progs]
+    r = readiness.check_eager(lambda: a @ b, topology="v5e:2x2")
+    mm = [p for p in r.programs if "mm" in p.name]
+    assert mm and mm[0].flops == pytest.approx(2 * 64 * 32 * 16, rel=0.05)
+
+
+# ---- too big for one chip, fits on four -----------------------------------------------------
+
+class WideMLP(nn.Module):
+    def __init__(self, width=4096, layers=3):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_too_big_for_one_chip_fits_on_four():
+    width, batch = 4096, 1 << 19  # each activation 8 GiB: input + one hidden exceed a v5e chip's 15.75 GiB
+    model = WideMLP(width)
+    x = torch.empty(batch, width, device="meta")
+    one = readiness.check(model, (x,), topology="v5e:2x2", find_largest_batch=True)
+    assert not one.fits and one.margin_bytes < 0
+    largest = one.largest_batch
+    assert largest is not None and 1024 < largest < batch
+    assert one.smallest_not_fitting == largest + 1  # exact: largest + 1 was compiled and found too big
+    # Checked again from scratch: the largest fits, one more does not.
+    assert readiness.check(model, (torch.empty(largest, width, device="meta"),), topology="v5e:2x2").fits
+    assert not readiness.check(model, (torch.empty(largest + 1, width, device="meta"),),
+                               topology="v5e:2x2").fits
+    four = readiness.check(model, (x,), topology="v5e:2x2", chips=4)
+    assert four.fits and four.chips == 4
+    # Per chip: a quarter of the batch, so a quarter of the matmul flops.
+    assert four.step_flops == pytest.approx(2 * batch * width * width * 3 / 4, rel=0.05)
+    assert four.step_peak_bytes < one.memory_per_chip
+
+
+def test_chips_split_flops_and_memory():
+    x = torch.randn(4096, 32)
+    model = models.MLP()
+    one = readiness.check(model, (x,), topology="v5e:2x2")
+    four = readiness.check(model, (x,), topology="v5e:2x2", chips=4)
+    assert four.step_flops == pytest.approx(one.step_flops / 4, rel=0.1)
+    assert four.step_peak_bytes < one.step_peak_bytes
+
+
+# ---- the largest-batch search, on known curves (no compiles) --------------------------------
+
+@pytest.mark.parametrize("curve,monotone", [
+    (lambda b: 100 + 7 * b, True),                           # affine
+    (lambda b: 1000 + int(3 * b ** 1.3), True),              # superlinear
+    (lambda b: 1000 + 64 * (-(-b // 128)) * 128, True),      # steps (padding to tiles)
+    (lambda b: 5000 + 50 * b + (b % 16) * 30, False),        # jagged
+])
+@pytest.mark.parametrize("step", [1, 4])
+def test_search_largest(curve, monotone, step):
+    memory = 10**6
+    calls = []
+    lo, hi = core.search_largest(lambda b: calls.append(b) or curve(b), step, 1 << 20, memory)
+    first_too_big = step
+    while curve(first_too_big) <= memory:
+        first_too_big += step
+    assert curve(lo) <= memory and hi == lo + step and curve(hi) > memory
+    if monotone:
+        assert lo == first_too_big - step
+    else:
+        assert abs(lo - (first_too_big - step)) <= 16 * step
+    assert len(calls) <= 32
+
+
+def test_search_largest_edges():
+    assert core.search_largest(lambda b: 10 + b, 1, 1 << 10, 5) == (None, 1)
+    assert core.search_largest(lambda b: b, 1, 1 << 10, 10**9) == (1 << 10, None)
+    lo, hi = core.search_largest(lambda b: 100 + 7 * b, 1, 1 << 20, 10**6, tolerance=0.02)
+    assert lo <= (10**6 - 100) // 7 < hi <= lo * 1.02 + 1
+
+
+def test_out_of_memory_message_is_parsed():
+    msg = ("torch_pjrt: compile for the topology failed in 'libtpu.so': Ran out of memory on HBM, the total "
+           "memory required for HLO temporaries (15.75G) exceeds available HBM (15.75G).")
+    assert core.out_of_memory_bytes(msg) == int(15.75 * GIB)
+    assert core.out_of_memory_bytes("INVALID_ARGUMENT: bad shape") is None
+
+
+# ---- start-up and a missing libtpu ----------------------------------------------------------
+
+_START = ("import time, torch_pjrt.readiness as r; t = time.time(); "
+          "print(r.plugin.topology('v5e:2x2').info()['devices'][0]['kind'], round(time.time() - t, 2))")
+
+
+def test_startup_without_metadata_server_is_quick():
+    # No TPU and no metadata server here: without TPU_SKIP_MDS_QUERY libtpu would wait for minutes.
+    env = _env()
+    env.pop("TPU_SKIP_MDS_QUERY", None)
+    t = time.time()
+    p = subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "TPU v5 lite" in p.stdout
+    assert time.time() - t < 60
+    assert "could not determine TPU accelerator type" not in p.stderr
+
+
+def test_startup_that_blocks_hits_the_deadline(tmp_path):
+    # A plugin whose start-up never returns (as libtpu's does when it waits
+    # on a metadata server that never answers): the deadline raises, naming
+    # the plugin and what libtpu needs, and the process exits normally.
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the blocking plugin")
+    src = tmp_path / "blocking.c"
+    src.write_text("#include <unistd.h>\nconst void* GetPjrtApi(void) { for (;;) sleep(1000); return 0; }\n")
+    so = tmp_path / "libblocking.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    env = _env(TORCH_PJRT_LIBTPU=str(so), TORCH_PJRT_LIBTPU_TIMEOUT="3")
+    t = time.time()
+    p = subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True, timeout=120)
+    elapsed = time.time() - t
+    assert p.returncode == 1
+    assert "did not start within 3 s" in p.stderr and str(so) in p.stderr, p.stderr[-2000:]
+    assert "TPU_SKIP_MDS_QUERY" in p.stderr
+    assert elapsed < 30
+
+
+def test_libtpu_absent_gives_clear_message(tmp_path):
+    env = _env(TORCH_PJRT_LIBTPU=str(tmp_path / "no-libtpu.so"))
+    code = ("import torch, torch_pjrt.readiness as r\n"
+            "assert not r.available()\n"
+            "try:\n"
+            "    r.check(lambda x: x + 1, (torch.ones(4),))\n"
+            "except r.LibtpuMissing as e:\n"
+            "    print('MISSING:', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "MISSING:" in p.stdout and "pip install libtpu==" in p.stdout
+    cli = subprocess.run([sys.executable, "-m", "torch_pjrt", "readiness", "examples/workloads.py:cnn"],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert cli.returncode == 2
+    assert "pip install libtpu==" in cli.stderr and "Traceback" not in cli.stderr
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def test_cli_table_and_json(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "torch_pjrt", "readiness", "examples/workloads.py:cnn",
+                        "--topology", "v5e:2x2,v6e:2x2", "--batch", "1,8", "--chips", "1,2", "--json", str(out)],
+                       env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "ESTIMATE" in p.stdout and "v6e:2x2" in p.stdout
+    rows = json.loads(out.read_text())
+    assert len(rows) == 2 * 2 * 2
+    assert {(r["topology"], r["chips"], r["batch_size"]) for r in rows} == {
+        (t, c, b) for t in ("v5e:2x2", "v6e:2x2") for c in (1, 2) for b in (1, 8)}
+    assert all(r["fits"] and r["step_flops"] > 0 for r in rows)
+    by = {(r["topology"], r["chips"], r["batch_size"]): r for r in rows}
+    assert by[("v5e:2x2", 1, 8)]["step_flops"] > by[("v5e:2x2", 1, 1)]["step_flops"]
+    assert by[("v5e:2x2", 2, 8)]["step_flops"] < by[("v5e:2x2", 1, 8)]["step_flops"]
+
+
+def test_cli_bad_workload_is_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "torch_pjrt", "readiness", "examples/workloads.py:nope"],
+                       env=_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "nope" in p.stderr
