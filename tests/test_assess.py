@@ -106,8 +106,8 @@ min_throughput_ratio = 0.000001
 
 
 def test_readiness_stage_topologies_chips_and_largest_batch(tmp_path):
-    # batch x 1 MiB of activations: a v5e chip (15.75 GiB) holds some thousands.
-    r, _, out = assess(tmp_path, f"{FIXTURES}:wide", config="""
+    # batch x 1 MiB of output: a v5e chip (15.75 GiB) holds some thousands.
+    r, _, out = assess(tmp_path, f"{FIXTURES}:wide_output", config="""
 [run]
 stages = ["readiness"]
 batch_sizes = [4, 64]

@@ -288,3 +288,16 @@ def test_cli_bad_workload_is_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "torch_pjrt", "readiness", "examples/workloads.py:nope"],
                        env=_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "nope" in p.stderr
+
+
+def test_topologies_by_name_and_options():
+    from torch_pjrt.readiness import plugin
+    info = plugin.topology("v5e:2x2").info()
+    assert len(info["devices"]) == 4 and info["devices"][0]["kind"] == "TPU v5 lite"
+    assert int(info["attributes"]["device_memory_bytes_limit"]) == CHIP_MEMORY["v5e:2x2"]
+    assert len(plugin.topology("v5e:1x1", chips_per_host_bounds=(1, 1, 1)).info()["devices"]) == 1
+    assert len(plugin.topology("v5e:2x2", num_slices=2).info()["devices"]) == 8
+    # v4 shows each of a chip's two TensorCores as a device: per-device peaks are half the chip's.
+    r = readiness.check(lambda x: x * 2, (torch.ones(8),), topology="v4:2x2x1")
+    assert r.devices_in_topology == 8 and r.devices_per_chip == 2
+    assert r.peak_flops_per_device == pytest.approx(275e12 / 2)

@@ -6,6 +6,7 @@ memory, flops, bytes accessed, arithmetic intensity and a roofline time
 estimate; search the largest batch that fits by compiling."""
 import copy
 import dataclasses
+import logging
 import os
 import re
 import time
@@ -49,6 +50,7 @@ class Report:
     generation: Optional[str]
     device_kind: str
     devices_in_topology: int
+    devices_per_chip: int  # libtpu shows each TensorCore as a device on v4 and tpu7x: figures are per device
     chips: int
     memory_per_chip: int
     mode: str
@@ -146,10 +148,15 @@ def capture_step(model, inputs, mode="inference", optimizer=None, loss_fn=None):
     import torch_pjrt
     limits = [torch_pjrt.memory_limit(d) for d in range(torch.tpu.device_count())]
     torch_pjrt.set_memory_limit(1 << 62)
+    # Dynamo says once that it ignores the optimizer's profiler scope: not the user's concern here.
+    quiet = logging.getLogger("torch._dynamo.variables.ctx_manager")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         with capture_mod.capture() as cap:
             _run_step(cap, tpu_model, _placeholder(inputs), mode, optimizer, loss_fn, remember)
     finally:
+        quiet.setLevel(level)
         for d, limit in enumerate(limits):
             torch_pjrt.set_memory_limit(limit, device=d)
     torch._dynamo.reset()
@@ -263,7 +270,7 @@ def compile_programs(programs, persistent, topology="v5e:2x2", chips=1, save_dir
             flops=flops, bytes_accessed=nbytes, transcendentals=c.get("transcendentals", 0.0),
             arithmetic_intensity=flops / nbytes if nbytes else None, estimate_seconds=est, bound=bound,
             compile_seconds=r["seconds"], resident_other_bytes=resident, hlo_text=text_out, serialized_path=path))
-    return figures, (kind, n_devices, memory, peak)
+    return figures, (kind, n_devices, memory, peak, cores)
 
 
 _SIZE = re.compile(r"required for [^(]*\(([0-9.]+)([KMGT]?)\)")
@@ -280,7 +287,7 @@ def out_of_memory_bytes(message):
 
 
 def check_programs(programs, persistent, topology, chips, mode, batch_size, save_dir=None, keep_hlo=True):
-    figures, (kind, n_devices, memory, peak) = compile_programs(programs, persistent, topology, chips, save_dir,
+    figures, (kind, n_devices, memory, peak, cores) = compile_programs(programs, persistent, topology, chips, save_dir,
                                                                 keep_hlo)
     # The step's peak: the largest program's peak plus what stays in memory
     # besides its own arguments (weights and optimizer state between programs).
@@ -288,7 +295,7 @@ def check_programs(programs, persistent, topology, chips, mode, batch_size, save
     estimates = [f.estimate_seconds for f in figures]
     return Report(
         topology=topology, generation=roofline.generation_of(kind), device_kind=kind,
-        devices_in_topology=n_devices, chips=chips, memory_per_chip=memory, mode=mode, batch_size=batch_size,
+        devices_in_topology=n_devices, devices_per_chip=cores, chips=chips, memory_per_chip=memory, mode=mode, batch_size=batch_size,
         programs=figures, step_peak_bytes=step_peak, fits=step_peak <= memory, margin_bytes=memory - step_peak,
         step_flops=sum(f.flops for f in figures), step_bytes_accessed=sum(f.bytes_accessed for f in figures),
         step_estimate_seconds=sum(estimates) if estimates and None not in estimates else None,
