@@ -115,6 +115,7 @@ batch_sizes = [4, 64]
 topologies = ["v5e:2x2", "v6e:2x2"]
 chips = [1, 2]
 largest_batch = true
+max_batch = 65536
 tolerance = 0.05
 """)
     rows = r["readiness"]["rows"]

@@ -301,3 +301,14 @@ def test_topologies_by_name_and_options():
     r = readiness.check(lambda x: x * 2, (torch.ones(8),), topology="v4:2x2x1")
     assert r.devices_in_topology == 8 and r.devices_per_chip == 2
     assert r.peak_flops_per_device == pytest.approx(275e12 / 2)
+
+
+def test_largest_batch_cell():
+    from torch_pjrt.readiness.cli import _largest
+    assert _largest({"chips": 1, "largest_batch": 100, "smallest_not_fitting": 101}) == "100"
+    assert _largest({"chips": 4, "largest_batch": 100, "smallest_not_fitting": 104}) == "100"
+    assert _largest({"chips": 1, "largest_batch": 100, "smallest_not_fitting": 105}) == "100 (<105)"
+    assert _largest({"chips": 1, "largest_batch": 4096, "smallest_not_fitting": None,
+                     "largest_batch_searched_up_to": 4096}) == ">= 4096"
+    assert _largest({"chips": 1, "largest_batch": None, "smallest_not_fitting": 1}) == "none"
+    assert _largest({"chips": 1}) == "-"

@@ -41,8 +41,9 @@ DEFAULTS = {
         "topologies": ["v5e:2x2", "v6e:2x2"],
         "chips": [1],                # data parallel over this many chips of the topology (the batch split)
         "batch_sizes": None,         # None: the sweep's
-        "largest_batch": True,       # search the largest batch that fits (compiles more)
-        "tolerance": 0.02,           # the search stops when the smallest batch too big is within this fraction
+        "largest_batch": True,       # search the largest batch that fits (compiles more; big programs compile slowly)
+        "max_batch": 4096,           # ... up to this batch (">= max_batch" when that fits)
+        "tolerance": 0.05,           # the search stops when the smallest batch too big is within this fraction
     },
     "prices": {
         "baseline_per_device_hour": None,

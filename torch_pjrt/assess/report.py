@@ -764,8 +764,12 @@ def _readiness(report, stages):
     rows = []
     for r in _dl(rd.get("rows")):
         lo, hi = r.get("largest_batch"), r.get("smallest_not_fitting")
+        cap = r.get("largest_batch_searched_up_to")
         largest = None if lo is None and hi is None else (
-            "none" if lo is None else (str(lo) if hi is None or hi - lo <= (r.get("chips") or 1) else f"{lo} (<{hi})"))
+            "none" if lo is None else
+            (f">= {lo}" if hi is None and isinstance(cap, int) and isinstance(lo, int)
+             and lo >= cap // (r.get("chips") or 1) * (r.get("chips") or 1) else
+             str(lo) if hi is None or hi - lo <= (r.get("chips") or 1) else f"{lo} (<{hi})"))
         flops, nbytes = _finite(r.get("step_flops")), _finite(r.get("step_bytes_accessed"))
         rows.append({"topology": _str(r.get("topology")), "chips": r.get("chips"), "batch_size": r.get("batch_size"),
                      "error": _str(r.get("error")) or None, "fits": r.get("fits"),

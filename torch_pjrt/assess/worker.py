@@ -100,7 +100,7 @@ def readiness(request, workload):
     from torch_pjrt.readiness.core import MARGIN_NOTE
     r = request["settings"]["readiness"]
     rows = cli.workload_rows(workload, r["topologies"], request["batch_sizes"], r["chips"], r["largest_batch"],
-                             tolerance=r["tolerance"])
+                             tolerance=r["tolerance"], max_batch=int(r["max_batch"]))
     for row in rows:  # the per-program figures stay in the JSON; the report shows the step
         for prog in row.get("programs", []):
             prog.pop("serialized_path", None)

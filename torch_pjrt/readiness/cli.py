@@ -34,7 +34,8 @@ def _example(workload, batch):
     return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
-def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save_dir=None, tolerance=0.02):
+def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save_dir=None, tolerance=0.02,
+                  max_batch=1 << 20):
     """One dict per (topology, chips, batch): the Report's figures, or the
     error. Each batch's step is captured once and compiled for every topology."""
     from . import core, search
@@ -60,7 +61,8 @@ def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save
                     if largest and b == batches[-1]:
                         r.largest_batch, r.smallest_not_fitting = search(
                             model, example, topo, mode, workload.optimizer, n, known=(b, r.step_peak_bytes),
-                            captures=captures, tolerance=tolerance)
+                            captures=captures, tolerance=tolerance, max_batch=max_batch)
+                        row["largest_batch_searched_up_to"] = max_batch
                     row.update(r.to_dict())
                     row["items_per_s_estimate"] = (workload.items(b) / r.step_estimate_seconds
                                                    if r.step_estimate_seconds else None)
@@ -81,6 +83,9 @@ def _largest(r):
     lo, hi = r.get("largest_batch"), r.get("smallest_not_fitting")
     if lo is None:
         return "none" if hi else "-"
+    cap = r.get("largest_batch_searched_up_to")
+    if hi is None and cap and lo >= cap // r["chips"] * r["chips"]:
+        return f">= {lo}"  # fits at the search's limit
     return str(lo) if hi is None or hi - lo <= r["chips"] else f"{lo} (<{hi})"
 
 
@@ -114,6 +119,7 @@ def main(argv=None):
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default: the workload's)")
     p.add_argument("--chips", default="1", help="comma-separated chip counts: the batch split across them")
     p.add_argument("--largest", action="store_true", help="also search the largest batch that fits (compiles more)")
+    p.add_argument("--max-batch", type=int, default=1 << 20, help="largest-batch search: up to this batch")
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="largest-batch search: stop when the smallest batch found too big is within this fraction "
                         "(default 0.02; 0 = exact, more compiles)")
@@ -131,7 +137,8 @@ def main(argv=None):
     except (ValueError, FileNotFoundError, AttributeError, TypeError, ImportError) as e:
         print(f"torch_pjrt readiness: {e}", file=sys.stderr)
         return 2
-    rows = workload_rows(workload, args.topology.split(","), batches, chips, args.largest, args.save_dir, args.tolerance)
+    rows = workload_rows(workload, args.topology.split(","), batches, chips, args.largest, args.save_dir,
+                         args.tolerance, args.max_batch)
     print(f"{workload.name} ({workload.mode}, {workload.precision}); memory: XLA's compiled statistics; "
           "step time and items/s: roofline ESTIMATES from published peaks, not measurements")
     print(_table(rows))
