@@ -7,6 +7,7 @@ estimate; search the largest batch that fits by compiling."""
 import copy
 import dataclasses
 import logging
+import math
 import os
 import re
 import time
@@ -325,7 +326,8 @@ def search_largest(peak, step, max_batch, memory, known=None, max_compiles=32, t
     activations), so the next batch tried is where the line through the two
     nearest compiled points crosses the chip's memory: rounded up while no
     batch is known not to fit (to get a bound), rounded down inside a bound;
-    bisection when one side keeps moving. An affine peak takes 2-4 compiles.
+    the geometric middle of a bound wider than 4x, bisection after a
+    prediction inside the bound. An affine peak takes 4-8 compiles.
     tolerance: stop once the batch known not to fit is within this fraction
     above the one that fits (0: exact to `step`); returns (fits, does not fit
     or None)."""
@@ -350,7 +352,11 @@ def search_largest(peak, step, max_batch, memory, known=None, max_compiles=32, t
         fitting = [(b, p) for b, p in seen.items() if p <= memory]
         (b0, p0), (b1, p1) = (sorted(fitting, key=lambda kv: abs(kv[0] - lo)) + [(None, None)])[:2]
         slope = (p1 - p0) / (b1 - b0) if b1 is not None and b1 != b0 else 0
-        if slope <= 0 or (hi is not None and (interpolated or hi - lo <= 64 * step)):
+        if hi is not None and lo * 4 < hi:
+            # A wide bound (the line from small batches overshot): its
+            # geometric middle; smaller batches also compile faster.
+            cand, interpolated = int(math.sqrt(lo * hi)), False
+        elif slope <= 0 or (hi is not None and (interpolated or hi - lo <= 64 * step)):
             # No usable line, or the last try inside the bound was a
             # prediction: halve the bound (peaks padded to tile sizes are steps).
             cand, interpolated = ((lo + hi) // 2 if hi is not None else 2 * lo), False
