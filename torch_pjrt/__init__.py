@@ -22,7 +22,17 @@ def _initialize():
     C = _loader.load_extension()
     name, path = _plugin.choose(C)
     cpu_devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "2"))
-    C.init(path, name, cpu_devices)
+    # XLA logs informational lines on stderr while the plugin starts (e.g.
+    # "cpu_device_count set via create_options"); quiet unless the user set
+    # a level. Only for the start-up: the variable is put back afterwards.
+    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    try:
+        C.init(path, name, cpu_devices)
+    finally:
+        if quiet:
+            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
     _state.C = C
     torch.utils.rename_privateuse1_backend("tpu")
     torch._register_device_module("tpu", device_module)

@@ -78,6 +78,12 @@ def _bytes(n):
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def _seconds(s):
+    if not s:
+        return "-"
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
 def _largest(r):
     """"L" (exact), "L (<N)" (N: the smallest batch compiled and found too big), or "-"."""
     lo, hi = r.get("largest_batch"), r.get("smallest_not_fitting")
@@ -100,9 +106,9 @@ def _table(rows):
         gib = 2**30
         intensity = r["step_flops"] / r["step_bytes_accessed"] if r["step_bytes_accessed"] else 0.0
         cells = [r["topology"], r["chips"], r["batch_size"], "yes" if r["fits"] else "NO",
-                 f"{_bytes(r['step_peak_bytes'])} / {r['memory_per_chip'] / gib:.1f} GiB",
-                 _bytes(r["margin_bytes"]), f"{r['step_flops'] / 1e9:.3f}", f"{intensity:.1f}",
-                 f"{r['step_estimate_seconds'] * 1e3:.3f} ms" if r["step_estimate_seconds"] else "-",
+                 f"{_bytes(r['step_peak_bytes'])} / {r['memory_per_chip'] / gib:.2f} GiB",
+                 _bytes(r["margin_bytes"]), f"{r['step_flops'] / 1e9:.3g}", f"{intensity:.1f}",
+                 _seconds(r["step_estimate_seconds"]),
                  f"{r['items_per_s_estimate']:.0f}" if r.get("items_per_s_estimate") else "-",
                  _largest(r)]
         lines.append("  ".join(f"{str(c):>12}" for c in cells))
@@ -139,7 +145,7 @@ def main(argv=None):
         return 2
     rows = workload_rows(workload, args.topology.split(","), batches, chips, args.largest, args.save_dir,
                          args.tolerance, args.max_batch)
-    print(f"{workload.name} ({workload.mode}, {workload.precision}); memory: XLA's compiled statistics; "
+    print(f"{workload.name}, {workload.precision}; memory: XLA's compiled statistics; "
           "step time and items/s: roofline ESTIMATES from published peaks, not measurements")
     print(_table(rows))
     if args.json:
