@@ -312,3 +312,17 @@ def test_largest_batch_cell():
                      "largest_batch_searched_up_to": 4096}) == ">= 4096"
     assert _largest({"chips": 1, "largest_batch": None, "smallest_not_fitting": 1}) == "none"
     assert _largest({"chips": 1}) == "-"
+
+
+def test_op_without_lowering_is_named():
+    class Digamma(nn.Module):
+        def forward(self, x):
+            return torch.digamma(x.abs() + 1)
+    with pytest.raises(RuntimeError, match="digamma.*cannot be one TPU program|cannot be one TPU program.*digamma"):
+        readiness.check(Digamma(), (torch.randn(4, 8),))
+
+
+def test_summary_reads_well():
+    r = readiness.check(models.MLP(), (torch.randn(16, 32),), topology="v5e:2x2")
+    s = r.summary()
+    assert "fits" in s and "KiB" in s and "(estimate)" in s and "v5e:2x2" in s

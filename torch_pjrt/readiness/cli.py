@@ -75,7 +75,9 @@ def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save
 
 
 def _bytes(n):
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _seconds(s):

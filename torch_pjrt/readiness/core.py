@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .._compile import capture as capture_mod
+from .._compile.lower_graph import Unsupported
 from . import hlo, plugin, roofline, sharding
 
 MARGIN_NOTE = "peak bytes per chip from XLA's compiled memory statistics; time is a roofline ESTIMATE"
@@ -77,11 +78,14 @@ class Report:
         return d
 
     def summary(self):
+        from .cli import _bytes, _seconds
         fits = "fits" if self.fits else "does NOT fit"
-        est = f"{self.step_estimate_seconds * 1e3:.3f} ms (estimate)" if self.step_estimate_seconds else "n/a"
+        est = f"{_seconds(self.step_estimate_seconds)} (estimate)" if self.step_estimate_seconds else "n/a"
+        largest = f", largest batch {self.largest_batch}" if self.largest_batch is not None else ""
         return (f"{self.topology} x{self.chips} chip(s), batch {self.batch_size}: {fits} "
-                f"(peak {self.step_peak_bytes / 2**30:.2f} GiB of {self.memory_per_chip / 2**30:.2f} GiB per chip), "
-                f"{self.step_flops / 1e9:.2f} GFLOP per step per chip, step {est}")
+                f"(peak {_bytes(self.step_peak_bytes)} of {_bytes(self.memory_per_chip)} per chip, "
+                f"margin {_bytes(self.margin_bytes)}), {self.step_flops / 1e9:.3g} GFLOP per step per chip, "
+                f"step {est}{largest}")
 
 
 # ---- capture ------------------------------------------------------------------------------
@@ -156,6 +160,9 @@ def capture_step(model, inputs, mode="inference", optimizer=None, loss_fn=None):
     try:
         with capture_mod.capture() as cap:
             _run_step(cap, tpu_model, _placeholder(inputs), mode, optimizer, loss_fn, remember)
+    except Unsupported as e:
+        raise RuntimeError(f"torch_pjrt: readiness: the step cannot be one TPU program: {e} (without a "
+                           "lowering it would run on the host between programs; docs/supported_ops.md)") from e
     finally:
         quiet.setLevel(level)
         for d, limit in enumerate(limits):
