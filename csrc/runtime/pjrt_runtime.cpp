@@ -509,11 +509,7 @@ ExecutablePtr Runtime::compile(const std::string& mlir_text) {
   }
 
   auto t0 = std::chrono::steady_clock::now();
-  auto program = PJRT_ARGS(PJRT_Program);
-  program.code = const_cast<char*>(mlir_text.data());
-  program.code_size = mlir_text.size();
-  program.format = "mlir";
-  program.format_size = 4;
+  PJRT_Program program = mlir_program(mlir_text);
   auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;

@@ -18,6 +18,16 @@ T make_args(size_t size) {
 #define PJRT_ARGS(T) ::torch_pjrt::runtime::make_args<T>(T##_STRUCT_SIZE)
 
 // The error's message; frees the error.
+// A PJRT_Program over MLIR text (which must outlive it).
+inline PJRT_Program mlir_program(const std::string& text) {
+  auto p = PJRT_ARGS(PJRT_Program);
+  p.code = const_cast<char*>(text.data());
+  p.code_size = text.size();
+  p.format = "mlir";
+  p.format_size = 4;
+  return p;
+}
+
 inline std::string take_message(const PJRT_Api* api, PJRT_Error* error) {
   auto m = PJRT_ARGS(PJRT_Error_Message_Args);
   m.error = error;

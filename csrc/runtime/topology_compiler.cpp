@@ -232,11 +232,7 @@ CompiledForTopology CompileOnlyPlugin::compile(const Topology& topology, const s
   CompiledForTopology out;
   auto t0 = std::chrono::steady_clock::now();
   std::string options = compile_options(replicas, partitions, spmd);
-  auto program = PJRT_ARGS(PJRT_Program);
-  program.code = const_cast<char*>(mlir_text.data());
-  program.code_size = mlir_text.size();
-  program.format = "mlir";
-  program.format_size = 4;
+  PJRT_Program program = mlir_program(mlir_text);
   auto args = PJRT_ARGS(PJRT_Compile_Args);
   args.topology = topology.get();
   args.program = &program;
