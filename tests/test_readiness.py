@@ -326,3 +326,13 @@ def test_summary_reads_well():
     r = readiness.check(models.MLP(), (torch.randn(16, 32),), topology="v5e:2x2")
     s = r.summary()
     assert "fits" in s and "KiB" in s and "(estimate)" in s and "v5e:2x2" in s
+
+
+def test_single_chip_topology_and_optimizer_forms():
+    r = readiness.check(lambda x: x @ x, (torch.randn(64, 64),), topology="v5e:1x1")
+    assert r.devices_in_topology == 1 and r.fits
+    model = models.MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.8, 0.9))
+    for form in (opt, torch.optim.Adam, lambda ps: torch.optim.Adam(ps, lr=1e-3)):
+        r = readiness.check(model, (torch.randn(16, 32),), mode="training", optimizer=form)
+        assert "optimizer step" in {p.phase for p in r.programs}

@@ -23,7 +23,9 @@ def check(model_or_fn, example_inputs, topology="v5e:2x2", mode="inference", opt
     the batch split across them, data parallel with SPMD partitioning).
 
     mode: "inference" (forward, no_grad) or "training" (forward, loss,
-    backward, optimizer step: `optimizer(params)`, default SGD; `loss_fn(outputs,
+    backward, optimizer step: `optimizer(params)` (a class like
+    torch.optim.AdamW, a function, or an optimizer whose type and settings
+    are reused), default SGD; `loss_fn(outputs,
     inputs)`, default the output's mean, or the output itself when it is a
     scalar loss). With find_largest_batch, the largest batch that fits is
     searched by compiling (first dimension of the inputs; exact to a
@@ -38,6 +40,7 @@ def check(model_or_fn, example_inputs, topology="v5e:2x2", mode="inference", opt
     if mode == "training" and not isinstance(model_or_fn, torch.nn.Module) and not callable(model_or_fn):
         raise TypeError("torch_pjrt: readiness: training needs an nn.Module (or a function returning one)")
     chips = chips or 1
+    optimizer = impl.optimizer_factory(optimizer)
     batch = impl.batch_of(example_inputs)
     programs, persistent = impl.capture_step(model_or_fn, example_inputs, mode, optimizer, loss_fn)
     report = impl.check_programs(programs, persistent, topology, chips, mode, batch, save_dir)

@@ -117,6 +117,15 @@ def _on_tpu_model(model):
     return m.to_empty(device="tpu")
 
 
+def optimizer_factory(optimizer):
+    """`optimizer` as a function of parameters: an optimizer instance (built
+    for the user's own model) gives one of its type with its settings."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        kind, defaults = type(optimizer), dict(optimizer.defaults)
+        return lambda params: kind(params, **defaults)
+    return optimizer
+
+
 def _call(fn, inputs):
     if isinstance(inputs, dict):
         return fn(**inputs)

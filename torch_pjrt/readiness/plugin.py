@@ -54,4 +54,13 @@ def topology(name, chips_per_host_bounds=None, num_slices=None):
         options["chips_per_host_bounds"] = list(chips_per_host_bounds)
     if num_slices:
         options["num_slices"] = int(num_slices)
-    return plugin().topology(name, options)
+    try:
+        return plugin().topology(name, options)
+    except ValueError as e:
+        # A slice smaller than libtpu's default host (2x2x1), e.g. "v5e:1x1":
+        # the host is the slice itself.
+        dims = name.rsplit(":", 1)[-1].split("x")
+        if chips_per_host_bounds or "not divisible" not in str(e) or not all(d.isdigit() for d in dims):
+            raise
+        bounds = [int(d) for d in dims] + [1] * (3 - len(dims))
+        return plugin().topology(name, dict(options, chips_per_host_bounds=bounds[:3]))
