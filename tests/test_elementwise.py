@@ -300,3 +300,27 @@ def test_logit_and_grad(eps, dtype):
     from conftest import check
     low, high = (-0.2, 1.2) if dtype == torch.float32 else (0.05, 0.95)  # NaN outside [0, 1] without eps
     check(lambda x: torch.logit(x, eps), make((4, 5), dtype, low=low, high=high))
+
+
+@pytest.mark.parametrize("invert", [False, True])
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.float32, torch.int64),
+                                    (torch.int32, torch.float64), (torch.bfloat16, torch.float32)])
+def test_isin(dtypes, invert, no_cpu_fallback):
+    g = torch.Generator().manual_seed(0)
+    e = torch.randint(0, 10, (4, 6), generator=g).to(dtypes[0])
+    t = torch.tensor([1, 3, 5, 50]).to(dtypes[1])
+    assert_same(torch.isin(tpu(e), tpu(t), invert=invert), torch.isin(e, t, invert=invert))
+    assert_same(torch.isin(tpu(e), 3, invert=invert), torch.isin(e, 3, invert=invert))
+    assert_same(torch.isin(3, tpu(t), invert=invert), torch.isin(3, t, invert=invert))
+    empty = torch.tensor([], dtype=dtypes[1])
+    assert_same(torch.isin(tpu(e), tpu(empty), invert=invert), torch.isin(e, empty, invert=invert))
+    assert_same(torch.isin(tpu(empty), tpu(t), invert=invert), torch.isin(empty, t, invert=invert))
+
+
+def test_isin_nan_and_eos_check(no_cpu_fallback):
+    nan = float("nan")
+    e, t = torch.tensor([nan, 1.0, 2.0]), torch.tensor([nan, 2.0])
+    assert_same(torch.isin(tpu(e), tpu(t)), torch.isin(e, t))
+    # generate()'s stopping check: last tokens against the end-of-sequence ids.
+    tokens, eos = torch.tensor([[5, 2], [7, 0]]), torch.tensor([0, 2])
+    assert_same(torch.isin(tpu(tokens)[:, -1], tpu(eos)), torch.isin(tokens[:, -1], eos))

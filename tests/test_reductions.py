@@ -203,3 +203,20 @@ def test_softmax_edge_cases():
     x = make((2, 3), torch.bfloat16)
     check(lambda t: torch.ops.aten._softmax(t, 1, False), x)
     check(lambda t: torch.nn.functional.softmax(t, dim=0, dtype=torch.float64), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.uint8])
+@pytest.mark.parametrize("shape", [(5, 7), (7, 5), (4, 4), (0, 3)])
+def test_trace(dtype, shape, no_cpu_fallback):
+    x = make(shape, dtype)
+    assert_same(torch.trace(tpu(x)), torch.trace(x))
+    if 0 not in shape:
+        assert_same(torch.trace(tpu(x).t()), torch.trace(x.t()))  # a strided view
+
+
+def test_trace_bad_input_like_cpu():
+    check_raises(torch.trace, torch.ones(3))
+    # CPU raises NotImplementedError (a RuntimeError); the lowering layer raises RuntimeError.
+    with pytest.raises(RuntimeError, match="not implemented for 'Bool'"):
+        torch.trace(tpu(torch.ones(2, 2, dtype=torch.bool)))

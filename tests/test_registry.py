@@ -3,6 +3,7 @@ import os
 import sys
 
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma, which compiled graphs can hold; otherwise only after another test imported it)
 
 import torch_pjrt
 

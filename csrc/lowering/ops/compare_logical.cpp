@@ -65,8 +65,35 @@ std::vector<Value> masked_fill(LoweringContext& ctx) {
   return {ctx.b.select(mask, operand_as(ctx, "value", dt, shape), operand_as(ctx, "self", dt, shape))};
 }
 
+// isin(elements, test_elements, assume_unique, invert) and its Scalar forms:
+// every element compared with every test element ([n, m] equalities, any
+// over m), in torch.result_type of the two; generate()'s end-of-sequence
+// check is this with a handful of test elements.
+std::vector<Value> isin(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  const char* elem = ctx.has("elements") ? "elements" : "element";
+  const char* test = ctx.has("test_elements") ? "test_elements" : "test_element";
+  DType dt = compute_dtype(ctx, elem, test);
+  auto flat = [&](const char* name) {
+    const Arg* a = ctx.find(name);
+    Value v = a && a->kind == Arg::Tensor ? b.convert(ctx.tensor(name), dt) : b.constant(ctx.scalar(name), dt);
+    return b.reshape(v, Shape{v.type.numel()});
+  };
+  bool invert = ctx.to_bool("invert", false);
+  Value e = flat(elem), t = flat(test);
+  int64_t n = e.type.numel(), m = t.type.numel();
+  if (n == 0 || m == 0) return {b.splat(Scalar::from_bool(invert), out)};
+  Shape nm{n, m};
+  Value eq = b.compare(Cmp::EQ, b.broadcast_in_dim(e, nm, {0}), b.broadcast_in_dim(t, nm, {1}));
+  Value any = b.reduce(eq, b.constant(Scalar::from_bool(false), DType::Bool), {1}, "stablehlo.or");
+  if (invert) any = b.unary("not", any);
+  return {b.reshape(any, out.shape)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("isin", isin);
 TORCH_PJRT_LOWERING("eq", [](LoweringContext& c) { return compare(c, Cmp::EQ); });
 TORCH_PJRT_LOWERING("ne", [](LoweringContext& c) { return compare(c, Cmp::NE); });
 TORCH_PJRT_LOWERING("lt", [](LoweringContext& c) { return compare(c, Cmp::LT); });

@@ -181,6 +181,21 @@ std::vector<Value> norm(LoweringContext& ctx) {
 
 }  // namespace
 
+// trace(self): the sum of a matrix's main diagonal, in the result dtype
+// (integers -> int64) accumulated as sum is.
+static std::vector<Value> trace(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype, acc = acc_dtype(out);
+  Value x = b.convert(b.convert(ctx.tensor("self"), out), acc);
+  if (x.rank() != 2) ctx.fail("trace: expected a matrix, but got tensor with dim " + std::to_string(x.rank()));
+  if (ctx.tensor("self").dtype() == DType::Bool) ctx.fail("\"trace\" not implemented for 'Bool'");
+  TensorType idx{DType::I64, x.shape()};
+  Value diag = b.compare(Cmp::EQ, b.iota(idx, 0), b.iota(idx, 1));
+  Value r = b.reduce(b.select(diag, x, splat_like(b, 0, x)), b.constant(0.0, acc), {0, 1}, "stablehlo.add");
+  return {b.reshape(b.convert(r, out), ctx.out().shape)};
+}
+
+TORCH_PJRT_LOWERING("trace", trace);
 TORCH_PJRT_LOWERING("sum", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, false); });
 TORCH_PJRT_LOWERING("mean", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, true); });
 TORCH_PJRT_LOWERING("prod", [](LoweringContext& c) { return sum_like(c, "stablehlo.multiply", 1, false); });
