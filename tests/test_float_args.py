@@ -416,6 +416,8 @@ def hand_calls():
         Call("div.Scalar_mode", dict(self=x, other=0.5, rounding_mode="trunc")),
         Call("floor_divide.Scalar", dict(self=x, other=0.5)),
         Call("fmod.Scalar", dict(self=x, other=0.5)),
+        Call("isin.Tensor_Scalar", dict(elements=torch.tensor([0.5, 1.0, 2.5]), test_element=0.5)),
+        Call("isin.Scalar_Tensor", dict(element=0.5, test_elements=torch.tensor([0.5, 1.0, 2.5]))),
         Call("remainder.Scalar", dict(self=x, other=0.5)),
         Call("remainder.Scalar_Tensor", dict(self=0.5, other=x)),
         Call("pow.Tensor_Scalar", dict(self=_pos((3, 4)), exponent=0.5)),

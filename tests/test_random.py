@@ -253,3 +253,55 @@ def test_state_roundtrip():
     gen.set_state(state)
     b = torch.rand(6, device="tpu", generator=gen).cpu()
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_multinomial_frequencies(replacement, dtype, no_cpu_fallback):
+    # First draws follow p / sum(p) (with or without replacement), over 4 rows x 4000 calls' worth.
+    p = torch.tensor([0.1, 0.0, 0.5, 0.4, 2.0], dtype=dtype)
+    probs = tpu(p.repeat(4000, 1))
+    torch.manual_seed(0)
+    s = torch.multinomial(probs, 2, replacement=replacement)
+    assert s.dtype == torch.int64 and s.shape == (4000, 2) and s.device.type == "tpu"
+    first = torch.bincount(s[:, 0].cpu(), minlength=5).double() / 4000
+    expected = p.double() / p.double().sum()
+    assert first[1] == 0  # a zero probability is never drawn
+    assert torch.allclose(first, expected, atol=0.03), (first, expected)
+    if not replacement:
+        assert (s[:, 0] != s[:, 1]).all()
+        # The second draw is proportional to what is left: P(2nd = 2 | 1st = 4) = 0.5 / 1.0.
+        sc = s.cpu()
+        after4 = sc[sc[:, 0] == 4, 1]
+        assert abs((after4 == 2).double().mean().item() - 0.5) < 0.05
+
+
+def test_multinomial_more_samples_than_positive_categories(no_cpu_fallback):
+    # CPU does not refuse this without replacement; nor does tpu: the positive one first.
+    s = torch.multinomial(tpu(torch.tensor([0.0, 0.5, 0.0])), 2)
+    assert s.cpu()[0] == 1 and s.cpu()[1] != 1
+
+
+def test_multinomial_forms_and_seeding(no_cpu_fallback):
+    p = tpu(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    torch.manual_seed(3)
+    a = torch.multinomial(p, 4)
+    torch.manual_seed(3)
+    b = torch.multinomial(p, 4)
+    assert torch.equal(a.cpu(), b.cpu()) and sorted(a.cpu().tolist()) == [0, 1, 2, 3]  # a permutation
+    assert torch.multinomial(p, 10, replacement=True).shape == (10,)
+    assert torch.multinomial(p, 0).shape == (0,)
+    out = torch.empty(3, dtype=torch.int64, device="tpu")
+    torch.multinomial(p, 3, out=out)
+    assert len(set(out.cpu().tolist())) == 3
+
+
+@pytest.mark.parametrize("probs,kwargs", [
+    ([0.5, -0.1, 0.6], {}), ([0.5, float("nan")], {}), ([float("inf"), 1.0], {}), ([0.0, 0.0], {}),
+])
+def test_multinomial_bad_probabilities_raise_like_cpu(probs, kwargs):
+    n = kwargs.get("num_samples", 1)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.multinomial(torch.tensor(probs), n)
+    with pytest.raises(type(cpu.value)):
+        torch.multinomial(tpu(torch.tensor(probs)), n).cpu()

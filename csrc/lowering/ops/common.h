@@ -31,4 +31,7 @@ std::pair<double, double> integer_range(DType t);
 Value floor_divide(Builder& b, const Value& a, const Value& d);
 Value python_remainder(Builder& b, const Value& a, const Value& d);
 
+// (values, int64 indices) of x sorted stably along dim (NaN greatest), sort.cpp.
+std::pair<Value, Value> sort_with_indices(Builder& b, const Value& x, int64_t dim, bool descending);
+
 }  // namespace torch_pjrt::lowering::ops

@@ -160,9 +160,57 @@ std::vector<Value> random(LoweringContext& ctx) {
   return {b.reshape(b.convert(v, out.dtype), out.shape)};
 }
 
+// multinomial(self, num_samples, replacement): indices drawn by an
+// exponential race. Each category j gets a clock E_j = -log(u_j) / p_j; the
+// smallest is j with probability p_j / sum(p), and the order of the clocks is
+// sampling without replacement (sequentially proportional to what is left).
+// With replacement each sample has clocks of its own.
+std::vector<Value> multinomial(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value self = ctx.tensor("self");
+  DType wt = work_type(self.dtype());
+  int64_t rows = self.rank() == 2 ? self.shape()[0] : 1, cats = self.shape().back();
+  int64_t k = ctx.to_int("num_samples", 1);
+  bool replacement = ctx.to_bool("replacement", false);
+  Value p = b.reshape(b.convert(self, wt), {rows, cats});
+  // CPU's checks, from the data.
+  Value finite = b.compare(Cmp::EQ, b.binary("subtract", p, p), splat_like(b, 0, p));  // false for inf, NaN
+  ctx.check_all(b.binary("and", finite, b.compare(Cmp::GE, p, splat_like(b, 0, p))),
+                "probability tensor contains either `inf`, `nan` or element < 0", LoweringContext::CheckError::Runtime);
+  Value sums = b.reduce(p, b.constant(0.0, wt), {1}, "stablehlo.add");
+  ctx.check_all(b.compare(Cmp::GT, sums, splat_like(b, 0, sums)),
+                "invalid multinomial distribution (sum of probabilities <= 0)", LoweringContext::CheckError::Runtime);
+  auto clocks = [&](const Shape& shape, const Value& probs) {
+    int64_t n = lowering::numel(shape);
+    Value u = b.reshape(uniform01(ctx, n, wt), shape);
+    // u in [0, 1): 1 - u in (0, 1], so the log is finite.
+    Value e = b.unary("negate", b.unary("log", b.binary("subtract", splat_like(b, 1, u), u)));
+    return b.binary("divide", e, probs);  // p = 0: +inf, never first
+  };
+  Value idx;
+  if (!replacement) {
+    // (CPU does not check that enough categories are positive: zero ones
+    // come last here, in index order.)
+    auto sorted = sort_with_indices(b, clocks({rows, cats}, p), 1, false);
+    idx = b.slice(sorted.second, {0, 0}, {rows, k});
+  } else {
+    Shape rkc{rows, k, cats};
+    Value e = clocks(rkc, b.broadcast_in_dim(p, rkc, {0, 2}));
+    Value first = b.reduce(e, b.constant(std::numeric_limits<double>::infinity(), wt), {2}, "stablehlo.minimum");
+    Value at = b.compare(Cmp::EQ, e, b.broadcast_in_dim(first, rkc, {0, 1}));
+    Value j = b.iota({DType::I64, rkc}, 2);
+    idx = b.reduce(b.select(at, j, b.splat(Scalar::from_int(cats - 1), j.type)),
+                   b.constant_int(cats - 1, DType::I64), {2}, "stablehlo.minimum");
+  }
+  return {b.reshape(idx, out.shape)};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("uniform", uniform, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("multinomial", multinomial, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("normal", normal, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("bernoulli", bernoulli, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("random", random, /*needs_rng=*/true);

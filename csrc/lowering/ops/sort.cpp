@@ -49,6 +49,8 @@ std::string comparator(Builder& b, DType dt, bool descending) {
   return text;
 }
 
+}  // namespace
+
 // (values, int64 indices) of x sorted along dim.
 std::pair<Value, Value> sort_with_indices(Builder& b, const Value& x, int64_t dim, bool descending) {
   Value idx = b.iota({DType::I64, x.shape()}, dim);
@@ -57,6 +59,8 @@ std::pair<Value, Value> sort_with_indices(Builder& b, const Value& x, int64_t di
                       comparator(b, x.dtype(), descending));
   return {r[0], r[1]};
 }
+
+namespace {
 
 Value take(Builder& b, const Value& x, int64_t dim, int64_t from, int64_t to) {
   Shape start(x.rank(), 0), limit = x.shape();
