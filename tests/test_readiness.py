@@ -336,3 +336,22 @@ def test_single_chip_topology_and_optimizer_forms():
     for form in (opt, torch.optim.Adam, lambda ps: torch.optim.Adam(ps, lr=1e-3)):
         r = readiness.check(model, (torch.randn(16, 32),), mode="training", optimizer=form)
         assert "optimizer step" in {p.phase for p in r.programs}
+
+
+def test_workload_with_keyword_inputs():
+    # A Hugging Face style batch: a dict of tensors, passed as keyword arguments.
+    from torch_pjrt.assess import Workload
+    from torch_pjrt.readiness import cli
+
+    class KW(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 16)
+
+        def forward(self, input_ids, attention_mask):
+            return (self.emb(input_ids) * attention_mask[..., None]).sum(1)
+    w = Workload(name="kw", model=KW, make_inputs=lambda b: {"input_ids": torch.randint(0, 50, (b, 6)),
+                                                           "attention_mask": torch.ones(b, 6)},
+                 batch_sizes=(2,))
+    rows = cli.workload_rows(w, ["v5e:2x2"], [2, 8])
+    assert all("error" not in r and r["fits"] for r in rows), rows

@@ -31,7 +31,9 @@ def _example(workload, batch):
     inputs = workload.inputs(batch, "cpu")
     if workload.mode == "training":
         return inputs, workload.inputs(batch, "cpu", targets=True)
-    return inputs if isinstance(inputs, tuple) else (inputs,)
+    # A dict is keyword arguments (a Hugging Face batch); generation is checked
+    # as one forward over the prompt (the prefill), not the decoding loop.
+    return inputs if isinstance(inputs, (tuple, dict)) else (inputs,)
 
 
 def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save_dir=None, tolerance=0.02,
