@@ -394,15 +394,7 @@ ExecutablePtr Runtime::wrap(PJRT_LoadedExecutable* loaded) {
   auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
   ge.loaded_executable = loaded;
   check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
-  struct Release {  // the unloaded view is ours to destroy
-    const PJRT_Api* api;
-    PJRT_Executable* exe;
-    ~Release() {
-      auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
-      ed.executable = exe;
-      discard(api, api->PJRT_Executable_Destroy(&ed));
-    }
-  } release{api_, ge.executable};
+  ExecutableRelease release{api_, ge.executable};  // the unloaded view is ours to destroy
   auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   no.executable = ge.executable;
   check(api_->PJRT_Executable_NumOutputs(&no), "NumOutputs");

@@ -28,6 +28,13 @@ inline PJRT_Program mlir_program(const std::string& text) {
   return p;
 }
 
+// Destroys an unloaded PJRT_Executable at the end of a scope.
+struct ExecutableRelease {
+  const PJRT_Api* api;
+  PJRT_Executable* exe;
+  ~ExecutableRelease();
+};
+
 inline std::string take_message(const PJRT_Api* api, PJRT_Error* error) {
   auto m = PJRT_ARGS(PJRT_Error_Message_Args);
   m.error = error;
@@ -91,6 +98,13 @@ inline PJRT_NamedValue named_value(const char* name, PJRT_NamedValue_Type type) 
   v.type = type;
   v.value_size = 1;
   return v;
+}
+
+inline ExecutableRelease::~ExecutableRelease() {
+  if (!exe) return;
+  auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  d.executable = exe;
+  discard(api, api->PJRT_Executable_Destroy(&d));
 }
 
 }  // namespace torch_pjrt::runtime

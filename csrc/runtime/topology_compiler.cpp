@@ -242,15 +242,7 @@ CompiledForTopology CompileOnlyPlugin::compile(const Topology& topology, const s
   check(api_->PJRT_Compile(&args), "compile for the topology");
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   PJRT_Executable* exe = args.executable;
-  struct Release {
-    const PJRT_Api* api;
-    PJRT_Executable* exe;
-    ~Release() {
-      auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
-      d.executable = exe;
-      discard(api, api->PJRT_Executable_Destroy(&d));
-    }
-  } release{api_, exe};
+  ExecutableRelease release{api_, exe};
 
   auto ms = PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
   ms.executable = exe;

@@ -17,6 +17,7 @@ import torch
 
 from .._compile import capture as capture_mod
 from .._compile.lower_graph import Unsupported
+from ..assess.workload import call as _call  # model(*inputs) / model(**inputs) / model(inputs)
 from . import hlo, plugin, roofline, sharding
 
 MARGIN_NOTE = "peak bytes per chip from XLA's compiled memory statistics; time is a roofline ESTIMATE"
@@ -124,14 +125,6 @@ def optimizer_factory(optimizer):
         kind, defaults = type(optimizer), dict(optimizer.defaults)
         return lambda params: kind(params, **defaults)
     return optimizer
-
-
-def _call(fn, inputs):
-    if isinstance(inputs, dict):
-        return fn(**inputs)
-    if isinstance(inputs, tuple):
-        return fn(*inputs)
-    return fn(inputs)
 
 
 def _default_loss(out):
