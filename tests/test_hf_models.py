@@ -1,0 +1,44 @@
+"""Tiny random-weight Hugging Face and diffusers models on tpu against CPU:
+forward output, a training step (loss, gradients, the loss after an SGD step)
+and greedy generation, with no op through the CPU fallback. The families and
+checks are in tests/hf_families.py; docs/huggingface.md shows their figures
+(scripts/gen_hf_doc.py)."""
+import warnings
+
+import pytest
+
+pytest.importorskip("transformers")
+import hf_families as hf  # noqa: E402
+
+NAMES = list(hf.FAMILIES)
+GENERATES = [n for n in NAMES if hf.FAMILIES[n].generates]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_matches_cpu(name):
+    r = hf.check_forward(hf.FAMILIES[name])
+    assert r["fallbacks"] == []
+    assert r["rel_err"] <= hf.FORWARD_RTOL, r
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_training_step_matches_cpu(name):
+    r = hf.check_train_step(hf.FAMILIES[name])
+    assert r["fallbacks"] == []
+    assert r["loss_rel_err"] <= hf.LOSS_RTOL, r
+    assert r["grad_rel_err"] <= hf.GRAD_RTOL, r
+    assert r["loss_after_step_rel_err"] <= hf.LOSS_RTOL, r
+
+
+@pytest.mark.parametrize("name", GENERATES)
+def test_greedy_generate_equals_cpu(name):
+    r = hf.check_generate(hf.FAMILIES[name])
+    assert r["fallbacks"] == []
+    assert r["equal"], r
