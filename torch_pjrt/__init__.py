@@ -42,8 +42,10 @@ def _initialize():
     # head). PyTorch's default replaces each module's Parameter by a new one
     # unless `param.data = ` works, which it refuses between CPU and
     # PrivateUse1 tensors; swapping the tensors' contents keeps every
-    # Parameter object (PyTorch's announced future default).
-    torch.__future__.set_swap_module_params_on_conversion(True)
+    # Parameter object. Only conversions that involve a tpu device swap (on
+    # their own thread): no process-wide setting (_module_conversion.py).
+    from . import _module_conversion
+    _module_conversion.install()
 
 
 _initialize()

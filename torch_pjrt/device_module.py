@@ -95,17 +95,68 @@ def reset_peak_memory_stats(device=None):
 
 def memory_reserved(device=None):
     """What the plugin's allocator holds when it says (bytes_reserved), else
-    memory_allocated: there is no caching allocator of ours in between."""
-    s = memory_stats(device)
-    return s.get("plugin_bytes_reserved") or s["allocated_bytes"]
+    memory_allocated: there is no caching allocator of ours in between.
+    torch.accelerator.memory_reserved() gives the same figure."""
+    return _C().memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None):
+    """The peak of memory_reserved since start or reset_peak_memory_stats."""
+    return _C().max_memory_reserved(_index(device))
+
+
+def reset_max_memory_allocated(device=None):
+    """As torch.cuda's (an alias of reset_peak_memory_stats)."""
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device=None):
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Zeroes the allocated/freed totals of memory_stats() (the *.allocated / *.freed keys)."""
+    _C().reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache():
+    """Lets go at once of the buffers that finished queued executions still
+    hold. There is no cache of freed memory to release: a buffer is freed when
+    its last tensor (and the last execution using it) lets go of it."""
+    if _state.C is not None:
+        _C().empty_cache()
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A short text report of memory_stats() (not torch.cuda's full table)."""
+    i = _index(device)
+    s = memory_stats(i)
+
+    def mib(n):
+        return f"{n / 2**20:,.1f} MiB"
+
+    lines = [f"tpu:{i} memory summary ({get_device_name(i)})",
+             f"  allocated:      {mib(s['allocated_bytes'])} (peak {mib(s['peak_allocated_bytes'])})",
+             f"  reserved:       {mib(memory_reserved(i))} (peak {mib(max_memory_reserved(i))})",
+             f"  held by queue:  {mib(s['held_by_queue_bytes'])} in {s['queued_executions']} queued execution(s)",
+             f"  limit / total:  {mib(s['limit_bytes'])} / {mib(s['total_bytes'])}"]
+    if not abbreviated:
+        lines.append(f"  buffers:        {s.get('allocation.all.current', 0)} live, "
+                     f"{s.get('allocation.all.allocated', 0)} created, {s.get('allocation.all.freed', 0)} freed")
+    return "\n".join(lines) + "\n"
 
 
 def memory_stats(device=None):
     """allocated_bytes (every live device buffer: tensors' storages and buffers
     only queued work still holds; a tensor counts from its first write),
     peak_allocated_bytes, held_by_queue_bytes, queued_executions, limit_bytes,
-    total_bytes, and the plugin's own plugin_* figures where it reports them."""
-    return dict(_C().memory_stats(_index(device)))
+    total_bytes, and the plugin's own plugin_* figures where it reports them;
+    plus PyTorch's allocator keys ("allocated_bytes.all.current", ...) as
+    torch.accelerator.memory_stats() gives them (only the "all" pool is counted)."""
+    i = _index(device)
+    stats = dict(_C().memory_stats(i))
+    stats.update(_C().allocator_stats(i))
+    return stats
 
 
 def mem_get_info(device=None):
@@ -138,12 +189,137 @@ _DeviceProperties = collections.namedtuple("_DeviceProperties", "name type kind 
 
 def get_device_properties(device=None):
     """name, type ("tpu"), kind (the PJRT device kind), platform (the plugin's)
-    and total_memory in bytes (the plugin's figure; host RAM for the CPU plugin)."""
+    and total_memory in bytes (the plugin's figure; host RAM for the CPU plugin).
+    CUDA-only attributes (major, minor, multi_processor_count, ...) are absent."""
     i = _index(device)
     info = _C().plugin_info()
     kind = _C().device_kind(i)
     return _DeviceProperties(name=f"{kind} ({info['platform']})", type="tpu", kind=kind,
                              platform=info["platform"], total_memory=_C().total_memory(i))
+
+
+def is_bf16_supported(including_emulation=True):
+    """True: every PJRT plugin (XLA CPU, CUDA, TPU) computes in bfloat16."""
+    return is_available()
+
+
+# ---- streams and events ----
+#
+# One stream per device: the default stream (id 0). Every Stream made is that
+# stream; stream(s) and set_stream change nothing. A device runs what is
+# launched on it in order and PJRT makes each execution wait for the buffers
+# it reads (across devices too), so wait_event / wait_stream need not wait.
+# Events mark the work launched so far on a device: an event completes when
+# that work has completed and is timed then (device time, milliseconds).
+# torch.Stream / torch.Event(device="tpu") and torch.accelerator's stream
+# calls use the same implementation (csrc/device/guard.cpp).
+
+def _tpu_device(device):
+    return torch.device("tpu", _index(device))
+
+
+class Stream(torch.Stream):
+    """torch.cuda.Stream's surface; always the device's one stream."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs:  # torch.Stream(stream_id=..., device_index=..., device_type=...)
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device=_tpu_device(device), priority=priority)
+
+    def wait_event(self, event):
+        _base_event(event).wait(self)
+
+    def wait_stream(self, stream):
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    @property
+    def tpu_stream(self):
+        return self.stream_id
+
+
+def _base_event(event):
+    return event._event if isinstance(event, Event) else event
+
+
+class Event:
+    """torch.cuda.Event's surface over a torch.Event(device="tpu"):
+    record(stream=None), query(), wait(stream=None), synchronize(),
+    elapsed_time(end) in milliseconds between the two completions. (A wrapper,
+    not a subclass: torch.Event.elapsed_time accepts only torch.Event itself.)"""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self._event = torch.Event(device=torch.device("tpu"), enable_timing=enable_timing,
+                                  blocking=blocking, interprocess=interprocess)
+
+    def record(self, stream=None):
+        self._event.record(current_stream() if stream is None else stream)
+
+    def wait(self, stream=None):
+        self._event.wait(current_stream() if stream is None else stream)
+
+    def query(self):
+        return self._event.query()
+
+    def synchronize(self):
+        self._event.synchronize()
+
+    def elapsed_time(self, end_event):
+        return self._event.elapsed_time(_base_event(end_event))
+
+    @property
+    def device(self):
+        return self._event.device
+
+    @property
+    def event_id(self):
+        return self._event.event_id
+
+    def __repr__(self):
+        return f"torch.tpu.Event({self._event!r})"
+
+
+def current_stream(device=None):
+    return Stream(device)
+
+
+def default_stream(device=None):
+    return Stream(device)
+
+
+def set_stream(stream):
+    if stream is not None and stream.device.type != "tpu":
+        raise ValueError(f"Expected a tpu stream, but got: {stream}")
+
+
+class StreamContext:
+    """`with torch.tpu.stream(s):` (s may be None); also selects s's device."""
+
+    def __init__(self, stream):
+        set_stream(stream)
+        self.stream = stream
+        self._device = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self._device = current_device()
+            set_device(self.stream.device_index)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self._device is not None:
+            set_device(self._device)
+            self._device = None
+        return False
+
+
+def stream(stream):
+    return StreamContext(stream)
 
 
 def default_generator(device=None):

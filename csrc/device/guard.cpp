@@ -1,4 +1,16 @@
-// Device guard and current-device state for PrivateUse1 ("tpu").
+// Device guard and current-device state for PrivateUse1 ("tpu"), and the
+// streams and events PyTorch's generic torch.Stream / torch.Event (and so
+// torch.accelerator and torch.tpu.Stream / Event) go through.
+//
+// Streams: one per device, the default one (id 0). A device runs its
+// executions as PJRT orders them, and PJRT already makes every execution wait
+// for the buffers it reads (also across devices), so there is nothing for a
+// second stream or a stream wait to add: new streams are the default stream,
+// and Stream.wait_event / wait_stream (block) need not wait.
+//
+// Events: runtime::DeviceEvent, completing when the work launched on the
+// device before the recording has completed, timed at that completion.
+#include <Python.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "device/current_device.h"
@@ -8,6 +20,31 @@ namespace torch_pjrt::device {
 namespace {
 
 thread_local int t_current_device = 0;
+
+// What c10's `void* event` points at; re-recording replaces the marker.
+struct EventSlot {
+  runtime::DeviceEventPtr marker;
+};
+
+int stream_device(const c10::Stream& s) { return s.device_index() < 0 ? t_current_device : s.device_index(); }
+
+c10::Stream default_stream(c10::Device d) {
+  return c10::Stream(c10::Stream::DEFAULT,
+                     c10::Device(c10::DeviceType::PrivateUse1,
+                                 static_cast<c10::DeviceIndex>(d.index() < 0 ? t_current_device : d.index())));
+}
+
+// Waits without holding the GIL, so Python threads go on meanwhile.
+void wait_released(const runtime::DeviceEvent& e) {
+  if (e.ready()) return;
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    e.wait();
+    PyEval_RestoreThread(state);
+  } else {
+    e.wait();
+  }
+}
 
 struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -27,11 +64,55 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0) t_current_device = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+  c10::Stream getStream(c10::Device d) const override { return default_stream(d); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return default_stream(d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
+    return default_stream(d);
   }
-  c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override { return default_stream(d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return default_stream(s.device()); }
+  bool queryStream(const c10::Stream& s) const override { return runtime::Runtime::get().idle(stream_device(s)); }
+  void synchronizeStream(const c10::Stream& s) const override {
+    runtime::Runtime::get().synchronize(stream_device(s));
+  }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag /*flag: timing is always on, it costs nothing*/) const override {
+    TORCH_CHECK(stream.device_type() == kType, "torch_pjrt: a tpu event cannot be recorded on ", stream);
+    int dev = stream_device(stream);
+    TORCH_CHECK(device_index < 0 || device_index == dev, "Event device index ", static_cast<int>(device_index),
+                " does not match recording stream's device index ", dev, ".");
+    runtime::DeviceEventPtr marker = runtime::Runtime::get().record_event(dev);
+    auto* slot = static_cast<EventSlot*>(*event);
+    if (!slot) *event = slot = new EventSlot();
+    slot->marker = std::move(marker);
+  }
+  // Work queued after this on any device that reads what the recorded work
+  // wrote already waits for it (PJRT buffer dependencies), so nothing to add.
+  void block(void* /*event*/, const c10::Stream& stream) const override {
+    TORCH_CHECK(stream.device_type() == kType, "torch_pjrt: a tpu event cannot block ", stream);
+  }
+  bool queryEvent(void* event) const override {
+    auto* slot = static_cast<EventSlot*>(event);
+    return !slot || !slot->marker || slot->marker->ready();
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* slot = static_cast<EventSlot*>(event);
+    if (slot && slot->marker) wait_released(*slot->marker);
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    delete static_cast<EventSlot*>(event);
+  }
+  // Milliseconds between the two completions (c10::Event checked both are recorded and complete).
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    auto* a = static_cast<EventSlot*>(start);
+    auto* b = static_cast<EventSlot*>(end);
+    TORCH_CHECK(a && a->marker && b && b->marker, "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(a->marker->device() == b->marker->device(), "torch_pjrt: elapsed_time between events of tpu:",
+                a->marker->device(), " and tpu:", b->marker->device(), "; record both on one device");
+    wait_released(*a->marker);
+    wait_released(*b->marker);
+    return static_cast<double>(b->marker->time_ns() - a->marker->time_ns()) / 1e6;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count());

@@ -1,7 +1,9 @@
 #include "device/storage.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -28,7 +30,17 @@ c10::DataPtr make_data_ptr(size_t nbytes, int dev, StorageBuffer* sb) {
                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev)));
 }
 
-class PjrtAllocator final : public c10::Allocator {
+constexpr int kMaxDevices = 256;
+std::atomic<int64_t> g_reserved_peak[kMaxDevices];  // when the plugin reports bytes_reserved
+
+int checked_index(c10::DeviceIndex device) { return device < 0 ? current_device() : device; }
+
+// A c10::DeviceAllocator, so torch.accelerator's memory calls
+// (memory_allocated, memory_stats, reset_peak_memory_stats, empty_cache,
+// get_memory_info) reach the runtime's per-buffer accounting, the same
+// figures torch.tpu reports. There is no cache of ours: every live buffer is
+// one allocated, active, reserved block.
+class PjrtAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     int dev = current_device();
@@ -41,6 +53,27 @@ class PjrtAllocator final : public c10::Allocator {
     TORCH_CHECK(false, "torch_pjrt: raw byte copies between tpu addresses are not supported; "
                        "use Tensor.copy_");
   }
+
+  bool initialized() override { return runtime::Runtime::initialized() && !runtime::in_forked_child(); }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    if (initialized()) runtime::Runtime::get().release_finished(-1);
+  }
+  // One stream per device, and buffers are freed only when PJRT is done with them.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    return device_stats(checked_index(device));
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    int d = checked_index(device);
+    runtime::Runtime::get().check_device(d);
+    runtime::reset_accumulated(d);
+  }
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory(checked_index(device)); }
+  // No `override`: the base declares it from torch 2.10 on (torch.accelerator.get_memory_info).
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) {
+    auto [free, total] = runtime::Runtime::get().mem_get_info(checked_index(device));
+    return {static_cast<size_t>(free), static_cast<size_t>(total)};
+  }
 };
 
 PjrtAllocator g_allocator;
@@ -51,6 +84,51 @@ constexpr size_t kHostZerosLimit = size_t(1) << 20;
 }  // namespace
 
 c10::Allocator* allocator() { return &g_allocator; }
+
+ReservedBytes reserved_bytes(int device) {
+  runtime::MemoryStats s = runtime::Runtime::get().memory_stats(device);
+  ReservedBytes r;
+  if (s.plugin_bytes_reserved > 0) {
+    r.current = s.plugin_bytes_reserved;
+    int64_t peak = g_reserved_peak[device].load();
+    while (r.current > peak && !g_reserved_peak[device].compare_exchange_weak(peak, r.current)) {
+    }
+    r.peak = std::max(peak, r.current);
+  } else {
+    r.current = s.allocated;
+    r.peak = s.peak;
+  }
+  return r;
+}
+
+void reset_peak_memory(int device) {
+  runtime::Runtime& rt = runtime::Runtime::get();
+  rt.reset_peak(device);
+  runtime::MemoryStats s = rt.memory_stats(device);
+  g_reserved_peak[device] = s.plugin_bytes_reserved;
+}
+
+c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
+  ReservedBytes reserved = reserved_bytes(device);  // also lets finished work go, like memory_stats
+  runtime::AllocationCounters c = runtime::allocation_counters(device);
+  c10::CachingDeviceAllocator::DeviceStats st;
+  constexpr size_t all = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  auto set = [](c10::CachingDeviceAllocator::Stat& stat, int64_t current, int64_t peak, int64_t allocated,
+                int64_t freed) {
+    stat.current = current;
+    stat.peak = peak;
+    stat.allocated = allocated;
+    stat.freed = freed;
+  };
+  for (auto* stat : {&st.allocation[all], &st.segment[all], &st.active[all]})
+    set(*stat, c.count_current, c.count_peak, c.count_allocated, c.count_freed);
+  for (auto* stat : {&st.allocated_bytes[all], &st.active_bytes[all], &st.requested_bytes[all]})
+    set(*stat, c.bytes_current, c.bytes_peak, c.bytes_allocated, c.bytes_freed);
+  set(st.reserved_bytes[all], reserved.current, reserved.peak, c.bytes_allocated, c.bytes_freed);
+  st.num_alloc_retries = runtime::metrics().memory_drains.load();
+  st.num_ooms = runtime::metrics().out_of_memory_errors.load();
+  return st;
+}
 
 StorageBuffer& storage_of(const c10::Storage& s) {
   void* ctx = s.data_ptr().get_context();

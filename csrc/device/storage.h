@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include "lowering/types.h"
 #include "runtime/pjrt_runtime.h"
@@ -26,6 +27,20 @@ struct StorageBuffer {
 };
 
 c10::Allocator* allocator();
+
+// Memory figures shared by torch.tpu and torch.accelerator (the allocator is
+// a c10::DeviceAllocator). Reserved: the plugin's bytes_reserved where it
+// reports one, else what is allocated (no caching allocator of ours).
+struct ReservedBytes {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+ReservedBytes reserved_bytes(int device);
+// Peaks (allocated bytes, buffer count, reserved) start again from now.
+void reset_peak_memory(int device);
+// PyTorch's allocator statistics ("all" pool only) from the runtime's
+// per-buffer accounting; memory_stats() keys such as allocated_bytes.all.current.
+c10::CachingDeviceAllocator::DeviceStats device_stats(int device);
 StorageBuffer& storage_of(const at::Tensor& t);
 StorageBuffer& storage_of(const c10::Storage& s);
 

@@ -1,5 +1,6 @@
 // Python bindings: torch_pjrt._C. Plugin selection policy lives in Python
 // (torch_pjrt/_plugin.py); this module exposes the C++ layers.
+#include <ATen/autocast_mode.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
@@ -24,6 +25,10 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     runtime::Runtime::initialize(path, name, cpu_devices);
     runtime::ProgramCache::get();  // a bad TORCH_PJRT_EXECUTABLE_CACHE_* setting fails the import, not an op
     device::route_composite_ops_to_lowerings();
+    // torch.autocast("tpu") without a dtype: bfloat16, what TPUs compute in
+    // (PyTorch's default for PrivateUse1 is float16). The setting is
+    // per thread in PyTorch; this is the importing thread's.
+    at::autocast::set_autocast_dtype(c10::DeviceType::PrivateUse1, at::kBFloat16);
   });
   m.def("routed_composite_ops", &device::route_composite_ops_to_lowerings);
   m.def("initialized", &runtime::Runtime::initialized);
@@ -55,7 +60,42 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("memory_allocated", [](int d) { return runtime::Runtime::get().memory_stats(d).allocated; });
   m.def("max_memory_allocated", [](int d) { return runtime::Runtime::get().memory_stats(d).peak; });
-  m.def("reset_peak_memory_stats", [](int d) { runtime::Runtime::get().reset_peak(d); });
+  m.def("reset_peak_memory_stats", &device::reset_peak_memory);
+  m.def("reset_accumulated_memory_stats", [](int d) {
+    runtime::Runtime::get().check_device(d);
+    runtime::reset_accumulated(d);
+  });
+  m.def("memory_reserved", [](int d) { return device::reserved_bytes(d).current; });
+  m.def("max_memory_reserved", [](int d) { return device::reserved_bytes(d).peak; });
+  // PyTorch's allocator statistics flattened as torch.cuda / torch.accelerator
+  // memory_stats() name them ("allocated_bytes.all.current", ...).
+  m.def("allocator_stats", [](int d) {
+    c10::CachingDeviceAllocator::DeviceStats st = device::device_stats(d);
+    py::dict r;
+    const char* pools[] = {"all", "small_pool", "large_pool"};
+    auto add = [&](const char* name, const c10::CachingDeviceAllocator::StatArray& a) {
+      for (size_t i = 0; i < a.size() && i < 3; ++i) {
+        std::string k = std::string(name) + "." + pools[i] + ".";
+        r[py::str(k + "current")] = a[i].current;
+        r[py::str(k + "peak")] = a[i].peak;
+        r[py::str(k + "allocated")] = a[i].allocated;
+        r[py::str(k + "freed")] = a[i].freed;
+      }
+    };
+    add("allocation", st.allocation);
+    add("segment", st.segment);
+    add("active", st.active);
+    add("inactive_split", st.inactive_split);
+    add("allocated_bytes", st.allocated_bytes);
+    add("reserved_bytes", st.reserved_bytes);
+    add("active_bytes", st.active_bytes);
+    add("inactive_split_bytes", st.inactive_split_bytes);
+    add("requested_bytes", st.requested_bytes);
+    r["num_alloc_retries"] = st.num_alloc_retries;
+    r["num_ooms"] = st.num_ooms;
+    return r;
+  });
+  m.def("empty_cache", [] { runtime::Runtime::get().release_finished(-1); });
   m.def("memory_stats", [](int d) {
     runtime::MemoryStats s = runtime::Runtime::get().memory_stats(d);
     py::dict r;

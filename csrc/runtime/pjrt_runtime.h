@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -127,6 +128,43 @@ struct MemoryStats {
   int64_t plugin_bytes_reserved = 0;
 };
 
+// Allocation counters of a device's buffers (DeviceAllocator statistics):
+// bytes and buffer counts now, at the peak, created and destroyed since the
+// last reset_accumulated.
+struct AllocationCounters {
+  int64_t bytes_current = 0, bytes_peak = 0, bytes_allocated = 0, bytes_freed = 0;
+  int64_t count_current = 0, count_peak = 0, count_allocated = 0, count_freed = 0;
+};
+AllocationCounters allocation_counters(int device);
+void reset_accumulated(int device);
+
+// A marker in a device's execution queue (torch.tpu.Event, torch.Event): it
+// completes when every execution launched on the device before it was
+// recorded has completed, and its time is taken then (steady clock, in the
+// plugin's completion callback of the last of them), so two events measure
+// device time, not the host's launch time. Recorded with nothing in flight,
+// it is complete at once, timed at the recording.
+class DeviceEvent {
+ public:
+  explicit DeviceEvent(int device) : device_(device) {}
+  int device() const { return device_; }
+  bool ready() const;
+  void wait() const;
+  // steady_clock nanoseconds of completion (valid once ready()).
+  int64_t time_ns() const;
+  // One awaited execution completed at `now_ns` (the runtime's callbacks).
+  void arrive(int64_t now_ns);
+
+ private:
+  friend class Runtime;
+  int device_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  int remaining_ = 0;
+  int64_t time_ns_ = 0;
+};
+using DeviceEventPtr = std::shared_ptr<DeviceEvent>;
+
 // Set in a child made by fork(): the parent's PJRT client (its threads, its
 // device state) does not exist there, so nothing may call into the plugin.
 bool in_forked_child();
@@ -168,6 +206,13 @@ class Runtime {
   // Waits for every execution launched so far on `device` (-1: all devices),
   // then reports failed value checks (report_checks).
   void synchronize(int device);
+  // An event completing with the work launched so far on `device` (DeviceEvent).
+  DeviceEventPtr record_event(int device);
+  // Whether every execution launched so far on `device` has completed.
+  bool idle(int device);
+  // Lets go at once of what finished executions still hold (empty_cache);
+  // -1: all devices. Never waits.
+  void release_finished(int device);
 
   // ---- memory ----
   MemoryStats memory_stats(int device);

@@ -17,11 +17,33 @@ constexpr int kMaxDevices = 256;
 std::atomic<int64_t> g_live[kMaxDevices];
 std::atomic<int64_t> g_peak[kMaxDevices];
 
-void account(int device, int64_t delta) {
+// Buffer counts and accumulated figures (DeviceAllocator statistics).
+std::atomic<int64_t> g_count[kMaxDevices];
+std::atomic<int64_t> g_count_peak[kMaxDevices];
+std::atomic<int64_t> g_bytes_allocated[kMaxDevices];
+std::atomic<int64_t> g_bytes_freed[kMaxDevices];
+std::atomic<int64_t> g_count_allocated[kMaxDevices];
+std::atomic<int64_t> g_count_freed[kMaxDevices];
+
+void raise_peak(std::atomic<int64_t>& peak_slot, int64_t now) {
+  int64_t peak = peak_slot.load();
+  while (now > peak && !peak_slot.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// A buffer of `bytes` created (`created`) or destroyed on `device`.
+void account(int device, int64_t bytes, bool created) {
   if (device < 0 || device >= kMaxDevices) return;
-  int64_t now = g_live[device].fetch_add(delta) + delta;
-  int64_t peak = g_peak[device].load();
-  while (now > peak && !g_peak[device].compare_exchange_weak(peak, now)) {
+  if (created) {
+    raise_peak(g_peak[device], g_live[device].fetch_add(bytes) + bytes);
+    g_bytes_allocated[device] += bytes;
+    g_count_allocated[device]++;
+    raise_peak(g_count_peak[device], g_count[device].fetch_add(1) + 1);
+  } else {
+    g_live[device] -= bytes;
+    g_bytes_freed[device] += bytes;
+    g_count_freed[device]++;
+    g_count[device]--;
   }
 }
 
@@ -53,12 +75,12 @@ int64_t host_available() {
 
 Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes)
     : api_(api), buffer_(buffer), device_index_(device_index), bytes_(bytes) {
-  account(device_index_, bytes_);
+  account(device_index_, bytes_, true);
 }
 
 Buffer::~Buffer() {
   if (in_forked_child()) return;  // the parent's plugin state: leave it
-  account(device_index_, -bytes_);
+  account(device_index_, bytes_, false);
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   discard(api_, api_->PJRT_Buffer_Destroy(&args));
@@ -69,6 +91,29 @@ int64_t live_bytes(int device) { return device >= 0 && device < kMaxDevices ? g_
 void Runtime::reset_peak(int device) {
   check_device(device);
   g_peak[device] = g_live[device].load();
+  g_count_peak[device] = g_count[device].load();
+}
+
+AllocationCounters allocation_counters(int device) {
+  AllocationCounters c;
+  if (device < 0 || device >= kMaxDevices) return c;
+  c.bytes_current = g_live[device].load();
+  c.bytes_peak = g_peak[device].load();
+  c.bytes_allocated = g_bytes_allocated[device].load();
+  c.bytes_freed = g_bytes_freed[device].load();
+  c.count_current = g_count[device].load();
+  c.count_peak = g_count_peak[device].load();
+  c.count_allocated = g_count_allocated[device].load();
+  c.count_freed = g_count_freed[device].load();
+  return c;
+}
+
+void reset_accumulated(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  g_bytes_allocated[device] = 0;
+  g_bytes_freed[device] = 0;
+  g_count_allocated[device] = 0;
+  g_count_freed[device] = 0;
 }
 
 void Runtime::read_plugin_memory(int device, MemoryStats* stats) {

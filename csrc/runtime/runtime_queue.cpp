@@ -3,6 +3,7 @@
 // until they finish), waiting, and the device-side value checks reported at
 // host reads.
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "runtime/pjrt_runtime.h"
@@ -135,6 +136,101 @@ void Runtime::synchronize(int device) {
   }
   if (!first_error.empty()) raise(ErrorKind::Runtime, first_error);
   report_checks(device);
+}
+
+// ---- events ----
+
+namespace {
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// What one completion callback needs; freed by the callback.
+struct EventArrival {
+  const PJRT_Api* api;
+  DeviceEventPtr event;
+};
+
+void on_execution_ready(PJRT_Error* error, void* arg) {
+  int64_t now = steady_now_ns();
+  auto* a = static_cast<EventArrival*>(arg);
+  // A failed execution still completes the event; its error surfaces at the
+  // next host read or synchronize, as for any asynchronous failure.
+  discard(a->api, error);
+  a->event->arrive(now);
+  delete a;
+}
+
+}  // namespace
+
+bool DeviceEvent::ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return remaining_ == 0;
+}
+
+void DeviceEvent::wait() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [this] { return remaining_ == 0; });
+}
+
+int64_t DeviceEvent::time_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return time_ns_;
+}
+
+void DeviceEvent::arrive(int64_t now_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (now_ns > time_ns_) time_ns_ = now_ns;
+  if (remaining_ > 0 && --remaining_ == 0) cv_.notify_all();
+}
+
+DeviceEventPtr Runtime::record_event(int device) {
+  check_device(device);
+  auto event = std::make_shared<DeviceEvent>(device);
+  event->time_ns_ = steady_now_ns();
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  retire_ready_locked(device);
+  // Every queued execution, not only the newest: a plugin may run
+  // independent programs of one device concurrently. The queue lock keeps
+  // the events alive while callbacks are registered (retire destroys them).
+  std::vector<PJRT_Event*> waits;
+  for (const auto& p : pending_[device])
+    if (p.event) waits.push_back(p.event);
+  event->remaining_ = static_cast<int>(waits.size()) + 1;  // +1: until all are registered
+  for (PJRT_Event* e : waits) {
+    auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
+    on.event = e;
+    on.callback = &on_execution_ready;
+    auto* arrival = new EventArrival{api_, event};
+    on.user_arg = arrival;
+    if (PJRT_Error* err = api_->PJRT_Event_OnReady(&on)) {
+      // Cannot be told: wait for that execution here instead.
+      discard(api_, err);
+      delete arrival;
+      auto aw = PJRT_ARGS(PJRT_Event_Await_Args);
+      aw.event = e;
+      discard(api_, api_->PJRT_Event_Await(&aw));
+      event->arrive(steady_now_ns());
+    }
+  }
+  event->arrive(event->time_ns_);  // registration done; the recording time is the earliest possible
+  return event;
+}
+
+bool Runtime::idle(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  retire_ready_locked(device);
+  return pending_[device].empty();
+}
+
+void Runtime::release_finished(int device) {
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  for (size_t d = 0; d < pending_.size(); ++d)
+    if (device < 0 || static_cast<int>(d) == device) retire_ready_locked(static_cast<int>(d));
 }
 
 // ---- value checks ----
