@@ -6,7 +6,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 BUILD="${TORCH_PJRT_BUILD_DIR:-$ROOT/build}"
-TF_WHEEL_VERSION=2.21.0   # the tensorflow-cpu wheel we take pjrt_c_api.h from
 HEADER="$ROOT/third_party/include/xla/pjrt/c/pjrt_c_api.h"
 
 log() { echo "[setup] $*" >&2; }
@@ -25,20 +24,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 if [ ! -f "$HEADER" ]; then
-  log "fetching pjrt_c_api.h from tensorflow-cpu==$TF_WHEEL_VERSION (header only, nothing installed)"
-  dl="$(mktemp -d)"
-  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$dl" "tensorflow-cpu==$TF_WHEEL_VERSION" 2>&1 \
-    | grep -v "is ignored: it is neither" || true
-  "$PY" - "$dl" "$ROOT/third_party/include" <<'PYEOF'
-import glob, sys, zipfile, os
-wheel = glob.glob(os.path.join(sys.argv[1], "tensorflow_cpu-*.whl"))[0]
-member = "tensorflow/include/xla/pjrt/c/pjrt_c_api.h"
-dst = os.path.join(sys.argv[2], "xla/pjrt/c/pjrt_c_api.h")
-os.makedirs(os.path.dirname(dst), exist_ok=True)
-with zipfile.ZipFile(wheel) as z, open(dst, "wb") as f:
-    f.write(z.read(member))
-PYEOF
-  rm -rf "$dl"
+  log "fetching pjrt_c_api.h from the tensorflow-cpu wheel (header only, nothing installed)"
+  "$PY" "$ROOT/scripts/fetch_pjrt_header.py" "$ROOT/third_party/include" >/dev/null
 fi
 
 if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

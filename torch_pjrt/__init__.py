@@ -2,14 +2,40 @@
 
 Importing this package loads the PJRT plugin (env TORCH_PJRT_PLUGIN, or the
 best one installed), renames PyTorch's PrivateUse1 backend to "tpu" and
-registers torch.tpu.
+registers torch.tpu. With torch_pjrt installed (or in dev mode, its
+dist-info on the path), `import torch` already does it: PyTorch imports each
+"torch.backends" entry point (ours: _autoload) at the end of its own import.
 """
 import atexit
 import os
 import sys
 import time
+import warnings
 
-import torch
+_autoload_error = None  # what failed when `import torch` loaded torch_pjrt
+
+
+def _autoload():
+    """The "torch.backends" entry point, which `import torch` calls after
+    importing torch_pjrt: the import has registered the device already.
+    Defined before `import torch`: when `import torch_pjrt` comes first, torch's
+    autoload finds this half-imported package and calls this (nothing to do)."""
+    if _autoload_error is None:
+        return
+    err = _autoload_error
+    plugin = (" at ".join(_chosen_plugin) if _chosen_plugin
+              else os.environ.get("TORCH_PJRT_PLUGIN") or "not chosen yet")
+    # Forget the half-imported package: `import torch_pjrt` tries again (and raises).
+    for name in [n for n in sys.modules if n == __name__ or n.startswith(__name__ + ".")]:
+        del sys.modules[name]
+    warnings.warn(
+        f"torch_pjrt: the tpu device is not available, loading torch_pjrt failed at `import torch`: "
+        f"{type(err).__name__}: {err} (PJRT plugin: {plugin}). "
+        "`import torch_pjrt` raises the error; TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops `import torch` "
+        "from loading torch_pjrt.", RuntimeWarning, stacklevel=2)
+
+
+import torch  # noqa: E402
 
 from . import _loader, _plugin, _state, device_module
 
@@ -18,9 +44,13 @@ __all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", 
            "checks_enabled", "set_checks"]
 
 
+_chosen_plugin = []  # [name, path] of the PJRT plugin being loaded
+
+
 def _initialize():
     C = _loader.load_extension()
     name, path = _plugin.choose(C)
+    _chosen_plugin[:] = [name, path]
     cpu_devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "2"))
     # XLA logs informational lines on stderr while the plugin starts (e.g.
     # "cpu_device_count set via create_options"); quiet unless the user set
@@ -48,16 +78,36 @@ def _initialize():
     _module_conversion.install()
 
 
-_initialize()
+def _in_torch_autoload():
+    """Whether this import comes from `import torch` (torch/__init__.py's
+    _import_device_backends, which loads the "torch.backends" entry points)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "_import_device_backends" and f.f_globals.get("__name__") == "torch":
+            return True
+        f = f.f_back
+    return False
 
-from . import _compile  # noqa: E402  (needs the extension loaded)
-from .bucketing import bucketed, next_bucket  # noqa: E402,F401
 
-# torch.compile(backend="tpu") finds the backend through the entry point in
-# torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
-# does not import Dynamo (~1 s); if Dynamo is already loaded, register now.
-if "torch._dynamo" in sys.modules:
-    _compile.register()
+try:
+    _initialize()
+except Exception as err:  # noqa: BLE001
+    # A broken plugin or build must not break `import torch` for every user
+    # of this environment (PyTorch would turn it into a RuntimeError): at
+    # autoload it is a warning (see _autoload), `import torch_pjrt` raises it.
+    if not _in_torch_autoload():
+        raise
+    _autoload_error = err
+
+if _autoload_error is None:
+    from . import _compile  # noqa: E402  (needs the extension loaded)
+    from .bucketing import bucketed, next_bucket  # noqa: E402,F401
+
+    # torch.compile(backend="tpu") finds the backend through the entry point in
+    # torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
+    # does not import Dynamo (~1 s); if Dynamo is already loaded, register now.
+    if "torch._dynamo" in sys.modules:
+        _compile.register()
 
 
 @atexit.register
