@@ -96,6 +96,8 @@ std::vector<Value> call_lowering(const lowering::LoweringInfo& info, lowering::L
     return info.fn(ctx);
   } catch (const std::out_of_range& e) {
     TORCH_CHECK_INDEX(false, e.what());
+  } catch (const lowering::NotImplemented& e) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
   }
 }
 

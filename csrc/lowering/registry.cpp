@@ -150,6 +150,11 @@ void LoweringContext::fail(const std::string& why) const {
                            (overload.empty() ? "" : "." + overload) + ": " + why);
 }
 
+void LoweringContext::not_implemented(const std::string& why) const {
+  throw NotImplemented("torch_pjrt: lowering of aten::" + op + (overload.empty() ? "" : "." + overload) + ": " +
+                       why);
+}
+
 int64_t wrap_dim(int64_t dim, int64_t rank) {
   int64_t r = std::max<int64_t>(rank, 1);
   if (dim < -r || dim >= r)

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,6 +20,12 @@
 namespace torch_pjrt::lowering {
 
 // One argument of the op, in schema order.
+// Thrown by LoweringContext::not_implemented; the frontends raise it as
+// PyTorch's NotImplementedError.
+struct NotImplemented : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Arg {
   enum Kind : uint8_t { None, Tensor, TensorList, OptTensorList, Int, Float, Bool, IntList,
                         FloatList, String, ScalarType, Other } kind = None;
@@ -98,6 +105,9 @@ struct LoweringContext {
   PromotionOperand promotion(const std::string& name) const;
   const TensorType& out(size_t i = 0) const { return outputs.at(i); }
   [[noreturn]] void fail(const std::string& why) const;
+  // What PyTorch's CPU kernel has no implementation of (e.g. a dtype): raised
+  // as NotImplementedError, as CPU does, rather than RuntimeError.
+  [[noreturn]] void not_implemented(const std::string& why) const;
 };
 
 using LowerFn = std::function<std::vector<Value>(LoweringContext&)>;

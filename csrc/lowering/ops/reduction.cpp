@@ -188,7 +188,7 @@ static std::vector<Value> trace(LoweringContext& ctx) {
   DType out = ctx.out().dtype, acc = acc_dtype(out);
   Value x = b.convert(b.convert(ctx.tensor("self"), out), acc);
   if (x.rank() != 2) ctx.fail("trace: expected a matrix, but got tensor with dim " + std::to_string(x.rank()));
-  if (ctx.tensor("self").dtype() == DType::Bool) ctx.fail("\"trace\" not implemented for 'Bool'");
+  if (ctx.tensor("self").dtype() == DType::Bool) ctx.not_implemented("\"trace\" not implemented for 'Bool'");
   TensorType idx{DType::I64, x.shape()};
   Value diag = b.compare(Cmp::EQ, b.iota(idx, 0), b.iota(idx, 1));
   Value r = b.reduce(b.select(diag, x, splat_like(b, 0, x)), b.constant(0.0, acc), {0, 1}, "stablehlo.add");
