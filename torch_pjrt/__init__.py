@@ -102,6 +102,10 @@ except Exception as err:  # noqa: BLE001
 if _autoload_error is None:
     from . import _compile  # noqa: E402  (needs the extension loaded)
     from .bucketing import bucketed, next_bucket  # noqa: E402,F401
+    # accelerate / transformers pick tpu where they would fall back to CPU;
+    # applied when they are imported (nothing imported here).
+    from .integrations import install as _install_integrations  # noqa: E402
+    _install_integrations()
 
     # torch.compile(backend="tpu") finds the backend through the entry point in
     # torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
