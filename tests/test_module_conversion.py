@@ -209,3 +209,21 @@ def test_swap_setting_is_per_thread_during_a_conversion():
     t.join(30)
     assert ("inside", True) in seen and ("other", False) in seen
     assert torch.__future__.get_swap_module_params_on_conversion() is False
+
+
+def test_move_while_an_autograd_graph_holds_the_weights():
+    # A CPU forward with grad whose outputs are still alive: autograd holds the
+    # weights, so they cannot be swapped; the move still works, ties kept.
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    m[2].weight = m[0].weight
+    x = torch.randn(2, 4)
+    ref = m(x)
+    pending = m(x)  # noqa: F841  (keeps the graph alive across the move)
+    m.to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    assert m[2].weight is m[0].weight
+    out = m(x.to("tpu"))
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert m[0].weight.grad.device.type == "tpu"

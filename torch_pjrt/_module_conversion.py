@@ -20,8 +20,8 @@ whose parameters have weak references), so the swap is scoped instead:
   own setting (False unless the user set it).
 
 A tensor that cannot be swapped (a parameter with a weak reference to it,
-e.g. from torch.compile's guards) makes that conversion use PyTorch's
-default, and the parameters that were one object before are made one again
+e.g. from torch.compile's guards, or one an autograd graph still holds)
+makes that conversion use PyTorch's default, and the parameters that were one object before are made one again
 afterwards (ties kept, but new Parameter objects for those that moved).
 """
 import collections
@@ -97,11 +97,21 @@ def _wrap_apply(orig):
         target = getattr(_tls, "target_tpu", False)
         involves = target or _holds_tpu(self)
         swap = involves and _swappable(self)
-        slots = _parameter_slots(self) if involves and not swap else None
+        slots = _parameter_slots(self) if involves else None
         _tls.depth = 1
         _tls.swap = swap
         try:
-            out = orig(self, fn, recurse)
+            try:
+                out = orig(self, fn, recurse)
+            except RuntimeError as err:
+                # swap_tensors refuses a tensor used elsewhere (e.g. saved by
+                # autograd for a backward still pending): convert the rest the
+                # default way (new Parameters; the swapped ones stay as they
+                # are, fn is a no-op on them) and re-tie below.
+                if not swap or "Couldn't swap" not in str(err):
+                    raise
+                _tls.swap = False
+                out = orig(self, fn, recurse)
         finally:
             _tls.depth = 0
             _tls.swap = False
