@@ -127,3 +127,12 @@ def test_pyproject_matches_dev_metadata():
             name, version = pin.split("==")
             if name.lower() in reqs:
                 assert reqs[name.lower()] == version, pin
+
+
+def test_import_quiet_with_empty_log_level_and_loud_when_asked(tmp_path):
+    r = run("import torch; print(torch.ones(1, device='tpu').sum().item())", tmp_path, TF_CPP_MIN_LOG_LEVEL="")
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    r = run("import os, torch; print(torch.ones(1, device='tpu').sum().item(), repr(os.environ['TF_CPP_MIN_LOG_LEVEL']))",
+            tmp_path, TF_CPP_MIN_LOG_LEVEL="0")
+    assert r.returncode == 0 and "1.0 '0'" in r.stdout
+    assert "cpu_device_count" in r.stderr  # the user asked for XLA's info lines

@@ -55,14 +55,18 @@ def _initialize():
     # XLA logs informational lines on stderr while the plugin starts (e.g.
     # "cpu_device_count set via create_options"); quiet unless the user set
     # a level. Only for the start-up: the variable is put back afterwards.
-    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    quiet = not user_level  # unset or empty
     if quiet:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
     try:
         C.init(path, name, cpu_devices)
     finally:
         if quiet:
-            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+            if user_level is None:
+                os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+            else:
+                os.environ["TF_CPP_MIN_LOG_LEVEL"] = user_level
     _state.C = C
     torch.utils.rename_privateuse1_backend("tpu")
     torch._register_device_module("tpu", device_module)
@@ -76,6 +80,9 @@ def _initialize():
     # their own thread): no process-wide setting (_module_conversion.py).
     from . import _module_conversion
     _module_conversion.install()
+    # Shape inference for the fused GRU cell ops RNN layers use on tpu.
+    from . import _rnn_meta
+    _rnn_meta.install()
 
 
 def _in_torch_autoload():
