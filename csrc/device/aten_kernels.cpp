@@ -3,6 +3,7 @@
 // that sends every other op to the eager executor and its lowering registry.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -16,6 +17,7 @@
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
 #include "device/storage.h"
+#include "eager/cpu_fallback.h"
 #include "eager/executor.h"
 #include "lowering/builder.h"
 
@@ -88,10 +90,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   DeviceLock lock;
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
-  size_t needed = (static_cast<size_t>(self.storage_offset()) + static_cast<size_t>(self.numel())) *
-                  self.itemsize();
-  if (self.numel() > 0 && needed > self.storage().nbytes()) grow_storage(self, needed);
+  // As ATen's resize_: a tensor that already has these sizes keeps its strides.
+  if (self.sizes() != size) {
+    impl->set_sizes_contiguous(size);
+    size_t needed = (static_cast<size_t>(self.storage_offset()) + static_cast<size_t>(self.numel())) *
+                    self.itemsize();
+    if (self.numel() > 0 && needed > self.storage().nbytes()) grow_storage(self, needed);
+  }
   if (memory_format && *memory_format != c10::MemoryFormat::Preserve)
     impl->empty_tensor_restride(*memory_format);
   return self;
@@ -145,9 +150,29 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_bl
   return dst;
 }
 
+// The CPU fallback's write-back of a mutated or out= argument: `self` is the
+// CPU kernel's result in the host copy of `dst`. dst takes self's sizes, and
+// self's strides where the CPU kernel chose them: when it resized the out=
+// tensor (CPU's rules, its warning already given), or restrided a dense one
+// (whose host copy had dst's own strides, see to_cpu). A correctly sized
+// out= tensor keeps its strides, as on CPU.
 at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   at::Tensor out = dst;
-  out.resize_(self.sizes());
+  bool resized = out.sizes() != self.sizes();
+  bool was_dense = out.is_non_overlapping_and_dense();
+  if (resized) out.resize_(self.sizes());
+  // (Strides of size-1 dims say nothing; an empty tensor's neither.)
+  bool restrided = false;
+  for (int64_t d = 0; d < self.dim(); ++d) restrided |= self.size(d) > 1 && self.stride(d) != out.stride(d);
+  if (!resized && self.numel() == 0) restrided = false;
+  if (resized && out.strides() != self.strides()) restrided = true;
+  if ((resized || was_dense) && restrided && self.is_non_overlapping_and_dense()) {
+    DeviceLock lock;
+    size_t needed = (static_cast<size_t>(out.storage_offset()) + static_cast<size_t>(out.numel())) *
+                    out.itemsize();
+    if (out.numel() > 0 && needed > out.storage().nbytes()) grow_storage(out, needed);
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(), out.storage_offset());
+  }
   copy_(out, self, false);
   return dst;
 }
@@ -199,13 +224,33 @@ at::Tensor repeat_interleave_indices(const at::Tensor& repeats, std::optional<in
   return at::repeat_interleave(repeats.cpu(), output_size).to(repeats.device());
 }
 
-// x[mask]: a bool/uint8 index becomes the long indices of its nonzeros (a
-// host step, like nonzero: the result's shape depends on the data); then the
-// op runs as an ordinary lowered gather.
-void index_with_masks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 2);
-  auto indices = args[1].to<c10::List<std::optional<at::Tensor>>>();
-  bool has_mask = false;
+// Index tensors of index / index_put and their _unsafe forms. Masks
+// (bool/uint8) become the long indices of their nonzeros, a host step like
+// nonzero (the result's shape depends on the data); then the op runs as an
+// ordinary lowered gather or scatter. index_put keeps a mask on the device
+// (its lowering needs no nonzero, masked_index_put).
+//
+// Index tensors on the host are accepted, as CUDA accepts them (these ops are
+// `device_check: NoCheck` in native_functions.yaml and ATen's AdvancedIndex
+// moves the indices to self's device): a CPU mask's nonzero runs on the host
+// (no wait for the device), and each CPU index tensor goes to the device in
+// one transfer. Their ranges are checked in the program like device indices.
+void with_device_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& sargs = op.schema().arguments();
+  size_t nargs = sargs.size();
+  auto args = torch::jit::last(*stack, nargs);
+  size_t self_pos = 0, idx_pos = nargs;
+  for (size_t i = 0; i < nargs; ++i) {
+    if (sargs[i].name() == "self") self_pos = i;
+    if (sargs[i].name() == "indices") idx_pos = i;
+  }
+  bool is_index = op.schema().name() == "aten::index" || op.schema().name() == "aten::_unsafe_index";
+  if (idx_pos == nargs || !args[self_pos].isTensor() || !args[idx_pos].isList()) {
+    eager::lowering_fallback(op, stack);
+    return;
+  }
+  at::Tensor self = args[self_pos].toTensor();
+  auto indices = args[idx_pos].to<c10::List<std::optional<at::Tensor>>>();
   for (const std::optional<at::Tensor>& e : indices) {
     if (!e.has_value() || !e->defined()) continue;
     auto st = e->scalar_type();
@@ -213,34 +258,50 @@ void index_with_masks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_CHECK_INDEX(st == at::kLong || st == at::kInt || st == at::kByte || st == at::kBool,
                       "tensors used as indices must be long, int, byte or bool tensors");
   }
-  for (const std::optional<at::Tensor>& e : indices)
-    has_mask |= e.has_value() && e->defined() && (e->scalar_type() == at::kBool || e->scalar_type() == at::kByte);
-  if (!has_mask) {
-    eager::lowering_fallback(op, stack);
-    return;
-  }
-  at::Tensor self = args[0].toTensor();
+  bool changed = false;
   c10::List<std::optional<at::Tensor>> expanded;
   int64_t dim = 0;
   for (const std::optional<at::Tensor>& e : indices) {
-    if (!e.has_value() || !e->defined() || (e->scalar_type() != at::kBool && e->scalar_type() != at::kByte)) {
+    if (!e.has_value() || !e->defined()) {
       expanded.push_back(e);
       ++dim;
       continue;
     }
-    const at::Tensor& mask = *e;
-    for (int64_t k = 0; k < mask.dim(); ++k) {
-      TORCH_CHECK_INDEX(dim + k < self.dim() && mask.size(k) == self.size(dim + k), "The shape of the mask ",
-                        mask.sizes(), " at index ", k, " does not match the shape of the indexed tensor ",
-                        self.sizes(), " at index ", dim + k);
+    const at::Tensor& t = *e;
+    bool on_host = t.device().is_cpu() && self.device().type() == kTpu;
+    bool mask = t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
+    if (mask && (on_host || is_index)) {
+      for (int64_t k = 0; k < t.dim(); ++k) {
+        TORCH_CHECK_INDEX(dim + k < self.dim() && t.size(k) == self.size(dim + k), "The shape of the mask ",
+                          t.sizes(), " at index ", k, " does not match the shape of the indexed tensor ",
+                          self.sizes(), " at index ", dim + k);
+      }
+      at::Tensor nz = at::nonzero(t);  // CPU's kernel, or our host kernel above
+      if (on_host) nz = nz.to(self.device());
+      for (int64_t k = 0; k < t.dim(); ++k) expanded.push_back(nz.select(1, k));
+      dim += t.dim();
+      changed = true;
+    } else if (on_host) {
+      expanded.push_back(t.to(self.device()));
+      dim += mask ? t.dim() : 1;
+      changed = true;
+    } else {
+      expanded.push_back(t);
+      dim += mask ? t.dim() : 1;
     }
-    at::Tensor nz = at::nonzero(mask);  // our host kernel above
-    for (int64_t k = 0; k < mask.dim(); ++k) expanded.push_back(nz.select(1, k));
-    dim += mask.dim();
   }
-  torch::jit::drop(*stack, 2);
-  stack->push_back(at::index(self, expanded));
+  if (changed) (*stack)[stack->size() - nargs + idx_pos] = c10::IValue(expanded);
+  eager::lowering_fallback(op, stack);
 }
+
+// nonzero(out=) on the host like nonzero, through PyTorch's CPU fallback
+// (the out= tensor's device checked first, CPU's resize and stride rules;
+// not counted as a fallback: nonzero is a host op by design).
+void nonzero_out(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  eager::check_written_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  at::native::cpu_fallback(op, stack);
+}
+
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -284,7 +345,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_to_cpu", to_cpu);
   m.impl("nonzero", nonzero);
   m.impl("repeat_interleave.Tensor", repeat_interleave_indices);
-  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&index_with_masks>());
+  m.impl("nonzero.out", torch::CppFunction::makeFromBoxedFunction<&nonzero_out>());
+  for (const char* op : {"index.Tensor", "index.Tensor_out", "_unsafe_index.Tensor", "index_put", "index_put_",
+                         "_index_put_impl_", "_unsafe_index_put"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&with_device_indices>());
   m.impl("masked_select", masked_select);
   m.impl("set_.source_Storage_storage_offset", set_source_storage);
   m.impl("set_.source_Tensor", set_source_tensor);

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <optional>
 
 #include "eager/env.h"
 #include "eager/op_instance.h"
@@ -24,7 +25,41 @@ bool fallback_is_error() {
 
 }  // namespace
 
+// What PyTorch's generated device check (ATen/core/adaption.cpp) raises on
+// CUDA for an op given tensors on two devices: the arguments an op writes
+// (out=, in-place self) must be on the device of its tpu arguments. The CPU
+// kernel would otherwise write into a CPU out= tensor and succeed.
+void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto& sargs = op.schema().arguments();
+  std::optional<c10::Device> common;
+  auto visit_all = [&](auto&& fn) {
+    for (size_t i = 0; i < args.size() && i < sargs.size(); ++i) {
+      const c10::IValue& v = args[i];
+      if (v.isTensor()) {
+        fn(v.toTensor(), i);
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) fn(t, i);
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef())
+          if (e.isTensor()) fn(e.toTensor(), i);
+      }
+    }
+  };
+  visit_all([&](const at::Tensor& t, size_t) {
+    if (!common && t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) common = t.device();
+  });
+  if (!common) return;
+  std::string method = op_display_name(op.schema());
+  visit_all([&](const at::Tensor& t, size_t i) {
+    if (!t.defined() || !is_write(sargs[i]) || t.device() == *common) return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", sargs[i].name(), " is on ",
+                t.device(), ", different from other tensors on ", *common, " (when checking argument in method ",
+                method, ")");
+  });
+}
+
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_written_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
   std::string name = op_display_name(op.schema());
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,
                               " has no lowering for device tpu (plugin '", runtime::Runtime::get().info().name,

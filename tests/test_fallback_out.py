@@ -1,0 +1,142 @@
+"""out= tensors of nonzero and of ops that run through the CPU fallback: the
+out tensor's device is checked (PyTorch's same-device error, as CUDA raises
+it), a correctly sized out= tensor keeps its strides, and a wrongly sized one
+is resized by CPU's rules (with CPU's warning), taking the strides CPU gives."""
+import warnings
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import assert_same, make, tpu
+
+RESIZED = "An output with one or more elements was resized"
+
+
+def run_out(fn, x, out):
+    """fn(x, out) with the warnings it gave about resizing the output."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        r = fn(x, out)
+    return r, [str(e.message) for e in w if RESIZED in str(e.message)]
+
+
+def compare_out(fn, x, out, check_strides=True):
+    """fn(x, out) on CPU and tpu: values, sizes, strides, the result is out, the same resize warnings."""
+    cpu_out, tpu_out = out.clone() if out.is_contiguous() else out, tpu(out)
+    if not out.is_contiguous():
+        # the same non-contiguous layout on both sides
+        cpu_out = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype).copy_(out)
+        tpu_out = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device="tpu").copy_(out)
+    r_cpu, w_cpu = run_out(fn, x, cpu_out)
+    r_tpu, w_tpu = run_out(fn, tpu(x), tpu_out)
+    assert r_tpu is tpu_out or r_tpu.data_ptr() == tpu_out.data_ptr()
+    assert_same(tpu_out, cpu_out)
+    assert tpu_out.shape == cpu_out.shape
+    if check_strides:
+        assert tpu_out.stride() == cpu_out.stride(), (tpu_out.stride(), cpu_out.stride())
+    assert len(w_tpu) == len(w_cpu), (w_tpu, w_cpu)
+
+
+def nonzero_out(x, out):
+    return torch.nonzero(x, out=out)
+
+
+X = make((3, 3), seed=1).masked_fill(make((3, 3), torch.bool, seed=2), 0)
+NNZ = int((X != 0).sum())
+
+
+@pytest.mark.parametrize("out", [
+    torch.zeros(NNZ, 2, dtype=torch.long),                     # right size, contiguous
+    torch.zeros(2, NNZ, dtype=torch.long).t(),                 # right size, transposed
+    torch.zeros(NNZ + 2, 2, dtype=torch.long),                 # wrong size: resized, warns
+    torch.zeros(0, dtype=torch.long),                          # empty: resized, no warning
+], ids=["contiguous", "transposed", "wrong_size", "empty"])
+def test_nonzero_out(out, metrics_delta):
+    compare_out(nonzero_out, X, out)
+    assert not metrics_delta()["cpu_fallbacks"]  # nonzero is a host op, not a fallback
+
+
+def test_nonzero_out_strided_view():
+    base_cpu = torch.full((NNZ, 4), -1, dtype=torch.long)
+    base_tpu = tpu(base_cpu)
+    torch.nonzero(X, out=base_cpu[:, 1:3])
+    torch.nonzero(tpu(X), out=base_tpu[:, 1:3])
+    assert_same(base_tpu, base_cpu)
+
+
+def test_nonzero_out_errors():
+    # CUDA: "Expected all tensors to be on the same device, but got out is on cpu, ..."
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but got out is on cpu"):
+        torch.nonzero(tpu(X), out=torch.empty(0, dtype=torch.long))
+    with pytest.raises(RuntimeError):
+        torch.nonzero(X, out=torch.empty(0))  # not long: CPU's error
+    with pytest.raises(RuntimeError):
+        torch.nonzero(tpu(X), out=tpu(torch.empty(0)))
+
+
+def digamma_out(x, out):
+    return torch.digamma(x, out=out)
+
+
+def histc_out(x, out):
+    return torch.histc(x, 4, out=out)
+
+
+@pytest.mark.parametrize("fn,shape", [(digamma_out, (4, 5)), (histc_out, (4,))], ids=["digamma", "histc"])
+def test_fallback_out_layouts(fn, shape):
+    x = make((4, 5), low=0.5, high=3)
+    out_shape = shape
+    compare_out(fn, x, torch.zeros(out_shape))                                  # right size
+    if len(out_shape) == 2:
+        compare_out(fn, x, torch.zeros(tuple(reversed(out_shape))).t())        # right size, transposed
+    compare_out(fn, x, torch.zeros(3))                                           # wrong size: warns
+    compare_out(fn, x, torch.zeros(0))                                           # empty: no warning
+
+
+def test_fallback_out_strided_view():
+    x = make((4, 5), low=0.5, high=3)
+    base_cpu = torch.full((4, 10), 7.0)
+    base_tpu = tpu(base_cpu)
+    out_cpu, out_tpu = base_cpu[:, ::2], base_tpu[:, ::2]
+    torch.digamma(x, out=out_cpu)
+    torch.digamma(tpu(x), out=out_tpu)
+    assert out_tpu.stride() == out_cpu.stride()
+    assert_same(base_tpu, base_cpu)
+
+
+def test_fallback_out_device_checked():
+    x = tpu(make((4, 5), low=0.5, high=3))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but got out is on cpu"):
+        torch.digamma(x, out=torch.empty(4, 5))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.histc(x, 4, out=torch.empty(4))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.frexp(x, out=(tpu(torch.empty(0)), torch.empty(0, dtype=torch.int32)))
+    # a correct call still works afterwards
+    mantissa, exponent = tpu(torch.empty(0)), tpu(torch.empty(0, dtype=torch.int32))
+    torch.frexp(x, out=(mantissa, exponent))
+    m, e = torch.frexp(x.cpu())
+    assert_same(mantissa, m)
+    assert_same(exponent, e)
+
+
+def test_resize_keeps_strides_when_size_unchanged():
+    # ATen's resize_: same sizes, strides kept; other sizes, contiguous.
+    for sizes in [(5, 4), (2, 2), (6, 4)]:
+        c = make((4, 5)).t()
+        t = tpu(make((4, 5))).t()
+        c.resize_(sizes)
+        t.resize_(sizes)
+        assert t.shape == c.shape and t.stride() == c.stride(), (sizes, t.stride(), c.stride())
+    c = make((4, 5)).t()
+    t = tpu(make((4, 5))).t()
+    assert_same(t.resize_(5, 4), c.resize_(5, 4))
+
+
+def test_fallback_counted_once_per_call(metrics_delta):
+    x = tpu(make((4, 5), low=0.5, high=3))
+    out = tpu(torch.empty(4, 5))
+    torch.digamma(x, out=out)
+    assert metrics_delta()["cpu_fallbacks"] == {"aten::digamma.out": 1}
+    assert torch_pjrt.metrics()["cpu_fallbacks"]["aten::digamma.out"] >= 1
