@@ -19,7 +19,7 @@ want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing pinned Python packages"
   "$PY" -m pip install -q -r "$ROOT/requirements.txt" 2>&1 | grep -v "is ignored: it is neither" || true
-  "$PY" -c "import torch, xla_plugins" >/dev/null
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import torch, xla_plugins" >/dev/null
   echo "$want" > "$stamp"
 fi
 
