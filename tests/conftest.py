@@ -24,6 +24,8 @@ TOLERANCES = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+    torch.complex64: (1e-5, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
 }
 
 FLOAT_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]

@@ -118,7 +118,21 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       values = eager::materialize(src);
     }
     rt.buffer_to_host(*values, host.data_ptr(), host.nbytes());
+    // The raw values carry src's lazy conj/neg bits; CPU's copy_ resolves them.
+    if (src.is_conj()) host._set_conj(true);
+    if (src.is_neg()) host._set_neg(true);
     self.copy_(host);
+    return self;
+  }
+  if (dst_tpu && src_tpu && self.device() == src.device() &&
+      (self.is_conj() != src.is_conj() || self.is_neg() != src.is_neg())) {
+    // Lazy conj/neg bits that differ: self's raw values from src's, no bits either side.
+    at::Tensor v = src.is_conj() ? src.conj() : src, raw = self.is_conj() ? self.conj() : self;
+    if (v.is_neg()) v = v._neg_view();
+    if (raw.is_neg()) raw = raw._neg_view();
+    if (self.is_conj() != src.is_conj()) v = at::conj_physical(v);
+    if (self.is_neg() != src.is_neg()) v = at::neg(v);
+    raw.copy_(v);
     return self;
   }
   if (dst_tpu && src_tpu && self.device() == src.device()) {
@@ -137,6 +151,12 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(src.device().is_cpu(), "torch_pjrt: cannot copy from ", src.device(), " to ", self.device());
   // Dtype conversion and broadcasting happen on the host, with PyTorch's CPU rules.
   at::Tensor host = src.to(self.scalar_type()).expand(self.sizes()).contiguous();
+  if (self.is_conj() || self.is_neg() || host.is_conj() || host.is_neg()) {
+    // Raw values for self's bits: conj/neg of the logical values where self has them.
+    at::Tensor h = self.is_conj() ? host.conj() : host;
+    if (self.is_neg()) h = h._neg_view();
+    host = h.resolve_conj().resolve_neg().contiguous();
+  }
   auto buffer = rt.buffer_from_host(host.data_ptr(), to_pjrt(to_dtype(host.scalar_type())),
                                     {host.numel()}, self.device().index());
   DeviceLock lock;

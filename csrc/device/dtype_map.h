@@ -22,6 +22,11 @@ inline lowering::DType to_dtype(c10::ScalarType t) {
     case c10::kBFloat16: return DType::BF16;
     case c10::kFloat: return DType::F32;
     case c10::kDouble: return DType::F64;
+    case c10::kUInt16: return DType::U16;
+    case c10::kUInt32: return DType::U32;
+    case c10::kUInt64: return DType::U64;
+    case c10::kComplexFloat: return DType::C64;
+    case c10::kComplexDouble: return DType::C128;
     default:
       TORCH_CHECK_TYPE(false, "torch_pjrt: dtype ", t, " is not supported on device tpu");
   }
@@ -40,6 +45,11 @@ inline c10::ScalarType to_scalar_type(lowering::DType t) {
     case DType::BF16: return c10::kBFloat16;
     case DType::F32: return c10::kFloat;
     case DType::F64: return c10::kDouble;
+    case DType::U16: return c10::kUInt16;
+    case DType::U32: return c10::kUInt32;
+    case DType::U64: return c10::kUInt64;
+    case DType::C64: return c10::kComplexFloat;
+    case DType::C128: return c10::kComplexDouble;
   }
   return c10::kFloat;
 }
@@ -57,6 +67,11 @@ inline PJRT_Buffer_Type to_pjrt(lowering::DType t) {
     case DType::BF16: return PJRT_Buffer_Type_BF16;
     case DType::F32: return PJRT_Buffer_Type_F32;
     case DType::F64: return PJRT_Buffer_Type_F64;
+    case DType::U16: return PJRT_Buffer_Type_U16;
+    case DType::U32: return PJRT_Buffer_Type_U32;
+    case DType::U64: return PJRT_Buffer_Type_U64;
+    case DType::C64: return PJRT_Buffer_Type_C64;
+    case DType::C128: return PJRT_Buffer_Type_C128;
   }
   return PJRT_Buffer_Type_INVALID;
 }

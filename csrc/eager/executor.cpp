@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "device/device_lock.h"
@@ -183,6 +184,50 @@ bool has_float_args(const OpInstance& inst) {
   return false;
 }
 
+
+// complex and uint16/32/64 reach a lowering only for the ops below, whose
+// lowerings handle them (checked against CPU in tests/test_complex.py and
+// tests/test_unsigned.py); every other op on them runs on the CPU, which also
+// raises CPU's own errors (NotImplementedError for most ops on uint16/32/64).
+bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue> stack_args,
+                             const c10::FunctionSchema& schema) {
+  static const std::set<std::string> unsigned_ops = {
+      "bitwise_and", "bitwise_or", "bitwise_xor", "eq", "ne", "fill", "zero", "clone", "_to_copy", "copy",
+      "cat", "mul", "sum"};
+  static const std::set<std::string> complex_ops = {
+      "add", "sub", "rsub", "mul", "div", "neg", "exp", "sqrt", "fill", "zero", "clone", "_to_copy", "copy",
+      "cat", "mm", "bmm", "dot", "sum", "mean", "abs", "angle", "eq", "ne", "conj_physical", "reciprocal",
+      "_conj_physical", "_fft_c2c", "_fft_r2c", "_fft_c2r", "where", "complex", "sgn"};
+  bool has_unsigned = false, has_complex = false;
+  auto note = [&](c10::ScalarType t) {
+    has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;
+    has_complex |= t == c10::kComplexFloat || t == c10::kComplexDouble || t == c10::kComplexHalf;
+  };
+  bool complex_cpu_scalar = false;
+  auto note_tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    note(t.scalar_type());
+    if (t.is_complex() && !t.is_privateuseone()) complex_cpu_scalar = true;
+  };
+  for (size_t i = 0; i < stack_args.size(); ++i) {
+    const c10::IValue& v = stack_args[i];
+    if (v.isTensor()) note_tensor(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList().vec()) note_tensor(t);
+    else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) note_tensor(e.toTensor());
+    } else if (v.isComplexDouble()) complex_cpu_scalar = true;
+    else if (v.isInt() && i < schema.arguments().size()) {
+      c10::TypePtr type = schema.arguments()[i].real_type();
+      if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+      if (type->kind() == c10::TypeKind::ScalarTypeType) note(static_cast<c10::ScalarType>(v.toInt()));
+    }
+  }
+  if (complex_cpu_scalar) return false;
+  if (has_unsigned && !unsigned_ops.count(base)) return false;
+  if (has_complex && !complex_ops.count(base)) return false;
+  return true;
+}
 }  // namespace
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -208,6 +253,24 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   std::string display = op_display_name(schema);
   runtime::OpLabel label(display);
   const lowering::LoweringInfo* info = lowering::find_lowering(base, lookup_overload);
+  if (info && !lowering_handles_dtypes(base, args, schema)) info = nullptr;
+  if (info) {
+    // Lazy conj/neg bits reach here only on ops the Conjugate/Negative
+    // fallbacks pass through (clone, which resolve_conj uses, _to_copy, ...):
+    // read inputs' values (copy_ resolves the bits).
+    for (size_t i = 0; i < nargs; ++i) {
+      c10::IValue& v = (*stack)[stack->size() - nargs + i];
+      const auto* alias = schema.arguments()[i].alias_info();
+      if (!v.isTensor() || (alias && alias->isWrite())) continue;
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && (t.is_conj() || t.is_neg())) {
+        at::Tensor r = at::empty(t.sizes(), t.options());  // no bits; copy_ applies t's
+        r.copy_(t);
+        v = r;
+      }
+    }
+    args = torch::jit::last(*stack, nargs);
+  }
   if (!info) {
     run_on_cpu(op, stack);
     return;

@@ -66,6 +66,7 @@ Value Builder::param(const TensorType& type) {
 Value Builder::constant(const Scalar& v, DType dtype) {
   if (dtype == DType::F16 || dtype == DType::BF16)
     return convert(constant(v, DType::F32), dtype);
+  if (is_complex(dtype)) return convert(constant(v, real_dtype(dtype)), dtype);  // imaginary part 0
   std::string lit;
   switch (dtype) {
     case DType::Bool:
@@ -93,9 +94,11 @@ Value Builder::constant(const Scalar& v, DType dtype) {
         case DType::I8: i = static_cast<int8_t>(i); break;
         case DType::I16: i = static_cast<int16_t>(i); break;
         case DType::I32: i = static_cast<int32_t>(i); break;
+        case DType::U16: i = static_cast<uint16_t>(i); break;
+        case DType::U32: i = static_cast<uint32_t>(i); break;
         default: break;
       }
-      lit = std::to_string(i);
+      lit = dtype == DType::U64 ? std::to_string(static_cast<uint64_t>(i)) : std::to_string(i);
     }
   }
   TensorType t{dtype, {}};
@@ -143,7 +146,7 @@ Value Builder::binary(const std::string& name, const Value& a, const Value& b) {
 }
 
 Value Builder::compare(Cmp dir, const Value& a, const Value& b) {
-  std::string type = is_float(a.dtype()) ? "FLOAT" : is_unsigned(a.dtype()) || a.dtype() == DType::Bool ? "UNSIGNED" : "SIGNED";
+  std::string type = is_float(a.dtype()) || is_complex(a.dtype()) ? "FLOAT" : is_unsigned(a.dtype()) || a.dtype() == DType::Bool ? "UNSIGNED" : "SIGNED";
   return op("stablehlo.compare", {a, b}, TensorType{DType::Bool, a.shape()},
             std::string("comparison_direction = #stablehlo<comparison_direction ") + cmp_name(dir) +
                 ">, compare_type = #stablehlo<comparison_type " + type + ">");
@@ -155,6 +158,19 @@ Value Builder::select(const Value& pred, const Value& t, const Value& f) {
 
 Value Builder::convert(const Value& x, DType to) {
   if (x.dtype() == to) return x;
+  if (is_complex(x.dtype()) && !is_complex(to)) {
+    // complex -> real keeps the real part, as PyTorch does (XLA has no such convert).
+    DType r = real_dtype(x.dtype());
+    Value re = op("stablehlo.real", {x}, TensorType{r, x.shape()});
+    if (to == DType::Bool) {
+      Value im = op("stablehlo.imag", {x}, TensorType{r, x.shape()});
+      return binary("or", convert(re, to), convert(im, to));
+    }
+    return convert(re, to);
+  }
+  if (is_complex(to) && !is_complex(x.dtype()) && x.dtype() != real_dtype(to)) {
+    return convert(convert(x, real_dtype(to)), to);
+  }
   if (to == DType::Bool) {
     // Nonzero is true, as in PyTorch (a plain convert would truncate).
     return compare(Cmp::NE, x, splat(Scalar::from_int(0), x.type));

@@ -178,3 +178,23 @@ bool dense_permutation(const Shape& sizes, const Shape& strides, std::vector<int
 }
 
 }  // namespace torch_pjrt::lowering
+  // bitcast_convert refuses complex types: split into / join from (re, im) pairs.
+  if (is_complex(from)) {
+    DType r = real_dtype(from);
+    int64_t n = flat.shape()[0];
+    Value re = b.reshape(b.op("stablehlo.real", {flat}, TensorType{r, {n}}), {n, 1});
+    Value im = b.reshape(b.op("stablehlo.imag", {flat}, TensorType{r, {n}}), {n, 1});
+    return reinterpret_flat(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
+  }
+  if (is_complex(to)) {
+    DType r = real_dtype(to);
+    Value parts = reinterpret_flat(b, flat, r);
+    int64_t m = parts.shape()[0];
+    if (m % 2 != 0)
+      throw std::runtime_error("torch_pjrt: storage of " + std::to_string(m * itemsize(r)) +
+                               " bytes cannot be viewed as " + dtype_name(to));
+    Value pairs = b.reshape(parts, {m / 2, 2});
+    Value re = b.reshape(b.slice(pairs, {0, 0}, {m / 2, 1}), {m / 2});
+    Value im = b.reshape(b.slice(pairs, {0, 1}, {m / 2, 2}), {m / 2});
+    return b.op("stablehlo.complex", {re, im}, TensorType{to, {m / 2}});
+  }

@@ -16,6 +16,11 @@ const char* mlir_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F32: return "f32";
     case DType::F64: return "f64";
+    case DType::U16: return "ui16";
+    case DType::U32: return "ui32";
+    case DType::U64: return "ui64";
+    case DType::C64: return "complex<f32>";
+    case DType::C128: return "complex<f64>";
   }
   return "?";
 }
@@ -32,6 +37,11 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "bfloat16";
     case DType::F32: return "float32";
     case DType::F64: return "float64";
+    case DType::U16: return "uint16";
+    case DType::U32: return "uint32";
+    case DType::U64: return "uint64";
+    case DType::C64: return "complex64";
+    case DType::C128: return "complex128";
   }
   return "?";
 }
@@ -39,9 +49,10 @@ const char* dtype_name(DType t) {
 int64_t itemsize(DType t) {
   switch (t) {
     case DType::Bool: case DType::U8: case DType::I8: return 1;
-    case DType::I16: case DType::F16: case DType::BF16: return 2;
-    case DType::I32: case DType::F32: return 4;
-    case DType::I64: case DType::F64: return 8;
+    case DType::I16: case DType::F16: case DType::BF16: case DType::U16: return 2;
+    case DType::I32: case DType::F32: case DType::U32: return 4;
+    case DType::I64: case DType::F64: case DType::U64: case DType::C64: return 8;
+    case DType::C128: return 16;
   }
   return 1;
 }
@@ -61,12 +72,20 @@ std::string TensorType::str() const {
 }
 
 namespace {
-int category(DType t) { return t == DType::Bool ? 0 : is_float(t) ? 2 : 1; }
+int category(DType t) { return t == DType::Bool ? 0 : is_complex(t) ? 3 : is_float(t) ? 2 : 1; }
 }  // namespace
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   int ca = category(a), cb = category(b);
+  if (ca == 3 || cb == 3) {
+    // complex with complex or float: the complex type of the wider real part.
+    DType ra = real_dtype(a), rb = real_dtype(b);
+    bool wide = (ra == DType::F64 && ca >= 2) || (rb == DType::F64 && cb >= 2);
+    if (ca != 3) return cb == 3 && ca < 2 ? b : complex_dtype(wide ? DType::F64 : DType::F32);
+    if (cb != 3) return ca == 3 && cb < 2 ? a : complex_dtype(wide ? DType::F64 : DType::F32);
+    return wide ? DType::C128 : DType::C64;
+  }
   if (ca != cb) return ca > cb ? a : b;
   if (ca == 2) {
     // float16 with bfloat16 promotes to float32, as in PyTorch.
@@ -86,7 +105,9 @@ namespace {
 // or the lower one is floating and the higher is not.
 bool combine(bool has_hi, DType hi, bool has_lo, DType lo, DType* out) {
   if (!has_hi) { *out = lo; return has_lo; }
-  if (!has_lo || is_float(hi)) { *out = hi; return true; }
+  if (!has_lo || is_complex(hi)) { *out = hi; return true; }
+  if (is_complex(lo)) { *out = is_float(hi) ? complex_dtype(hi) : lo; return true; }
+  if (is_float(hi)) { *out = hi; return true; }
   *out = (hi == DType::Bool || is_float(lo)) ? promote_types(hi, lo) : hi;
   return true;
 }
@@ -100,6 +121,7 @@ DType result_type(const std::vector<PromotionOperand>& operands, DType default_f
     DType d = op.dtype;
     // A Python float counts as the default dtype, a Python int as int64.
     if (op.priority == PromotionOperand::WrappedScalar && is_float(d)) d = default_float;
+    if (op.priority == PromotionOperand::WrappedScalar && is_complex(d)) d = complex_dtype(default_float);
     acc[p] = has[p] ? promote_types(acc[p], d) : d;
     has[p] = true;
   }

@@ -8,7 +8,7 @@
 
 namespace torch_pjrt::lowering {
 
-enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64 };
+enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U16, U32, U64, C64, C128 };
 
 const char* mlir_name(DType t);  // "f32", "i1", "ui8", ...
 const char* dtype_name(DType t);  // "float32", "bool", ... (for messages)
@@ -16,10 +16,21 @@ int64_t itemsize(DType t);
 inline bool is_float(DType t) {
   return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
 }
+inline bool is_complex(DType t) { return t == DType::C64 || t == DType::C128; }
 inline bool is_integral(DType t, bool include_bool) {
-  return !is_float(t) && (include_bool || t != DType::Bool);
+  return !is_float(t) && !is_complex(t) && (include_bool || t != DType::Bool);
 }
-inline bool is_unsigned(DType t) { return t == DType::U8; }
+inline bool is_unsigned(DType t) {
+  return t == DType::U8 || t == DType::U16 || t == DType::U32 || t == DType::U64;
+}
+// uint16/32/64: PyTorch's "barebones" unsigned types (few ops on CPU).
+inline bool is_barebones_unsigned(DType t) { return t == DType::U16 || t == DType::U32 || t == DType::U64; }
+// complex64 -> float32, complex128 -> float64; others unchanged.
+inline DType real_dtype(DType t) { return t == DType::C64 ? DType::F32 : t == DType::C128 ? DType::F64 : t; }
+// float32 (and narrower) -> complex64, float64 -> complex128.
+inline DType complex_dtype(DType t) {
+  return t == DType::F64 || t == DType::C128 ? DType::C128 : DType::C64;
+}
 
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& s);

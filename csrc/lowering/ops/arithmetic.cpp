@@ -32,7 +32,7 @@ std::vector<Value> mul(LoweringContext& ctx) {
 // Integer division and remainder by zero raise on CPU ("ZeroDivisionError",
 // a RuntimeError); XLA returns a number.
 void check_divisor(LoweringContext& ctx, const Value& d) {
-  if (is_float(d.dtype()) || d.dtype() == DType::Bool) return;
+  if (is_float(d.dtype()) || is_complex(d.dtype()) || d.dtype() == DType::Bool) return;
   ctx.check_all(ctx.b.compare(Cmp::NE, d, splat_like(ctx.b, 0, d)), "ZeroDivisionError",
                 LoweringContext::CheckError::Runtime);
 }
@@ -41,7 +41,7 @@ std::vector<Value> div(LoweringContext& ctx) {
   Builder& b = ctx.b;
   std::string mode = ctx.str("rounding_mode");
   DType dt = compute_dtype(ctx, "self", "other");
-  if (mode.empty() && !is_float(dt)) dt = DType::F32;  // true division of integers
+  if (mode.empty() && !is_float(dt) && !is_complex(dt)) dt = DType::F32;  // true division of integers
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
   check_divisor(ctx, d);

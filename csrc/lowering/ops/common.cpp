@@ -13,7 +13,7 @@ Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, con
 }
 
 Value splat_like(Builder& b, double v, const Value& like) {
-  return b.splat(is_float(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
+  return b.splat(is_float(like.dtype()) || is_complex(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }
 
 DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }

@@ -24,7 +24,43 @@ Value reciprocal(Builder& b, const Value& x) {
 std::vector<Value> abs(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
   if (is_unsigned(x.dtype()) || x.dtype() == DType::Bool) return {x};
+  if (is_complex(x.dtype())) return {ctx.b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()})};
   return {ctx.b.unary("abs", x)};
+}
+
+Value real_part(Builder& b, const Value& x) {
+  return b.op("stablehlo.real", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
+}
+Value imag_part(Builder& b, const Value& x) {
+  return b.op("stablehlo.imag", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
+}
+
+// angle: atan2(imag, real) for complex; for real inputs pi below zero, else 0 (NaN kept).
+std::vector<Value> angle(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype;
+  Value x = ctx.tensor("self");
+  if (is_complex(x.dtype())) return {b.binary("atan2", imag_part(b, x), real_part(b, x))};
+  x = b.convert(x, math_dtype(out));
+  Value r = b.select(b.compare(Cmp::LT, x, splat_like(b, 0, x)), splat_like(b, M_PI, x), splat_like(b, 0, x));
+  r = b.select(b.compare(Cmp::NE, x, x), x, r);
+  return {b.convert(r, out)};
+}
+
+// conj_physical: (re, -im); real dtypes unchanged.
+std::vector<Value> conj_physical(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (!is_complex(x.dtype())) return {x};
+  return {b.op("stablehlo.complex", {real_part(b, x), b.unary("negate", imag_part(b, x))}, x.type)};
+}
+
+// complex(real, imag).
+std::vector<Value> make_complex(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  Value re = b.broadcast_to(ctx.tensor("real"), out.shape), im = b.broadcast_to(ctx.tensor("imag"), out.shape);
+  return {b.op("stablehlo.complex", {re, im}, out)};
 }
 
 std::vector<Value> neg(LoweringContext& ctx) {
@@ -39,6 +75,12 @@ std::vector<Value> sign(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Value x = ctx.tensor("self");
   if (x.dtype() == DType::Bool) return {x};
+  if (is_complex(x.dtype())) {
+    // sgn: x / |x|, 0 at 0.
+    Value a = b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
+    Value q = b.binary("divide", x, b.convert(a, x.dtype()));
+    return {b.select(b.compare(Cmp::EQ, a, splat_like(b, 0, a)), splat_like(b, 0, x), q)};
+  }
   Value zero = splat_like(b, 0, x), one = splat_like(b, 1, x);
   Value pos = b.select(b.compare(Cmp::GT, x, zero), one, zero);
   if (is_unsigned(x.dtype())) return {pos};
@@ -155,6 +197,10 @@ TORCH_PJRT_LOWERING("erf", [](LoweringContext& c) { return float_unary(c, erf); 
 TORCH_PJRT_LOWERING("reciprocal", [](LoweringContext& c) { return float_unary(c, reciprocal); });
 TORCH_PJRT_LOWERING("pow", pow);
 TORCH_PJRT_LOWERING("abs", abs);
+TORCH_PJRT_LOWERING("angle", angle);
+TORCH_PJRT_LOWERING("conj_physical", conj_physical);
+TORCH_PJRT_LOWERING("_conj_physical", conj_physical);
+TORCH_PJRT_LOWERING("complex", make_complex);
 TORCH_PJRT_LOWERING("neg", neg);
 TORCH_PJRT_LOWERING("sign", sign);
 TORCH_PJRT_LOWERING("sgn", sign);  // sign for real dtypes (l1_loss backward uses it)
