@@ -1,0 +1,260 @@
+"""complex64/complex128 on tpu against CPU: creation, copies, arithmetic with
+complex and real operands, view_as_real/view_as_complex and .real/.imag views
+(sharing storage), the lazy conj bit, abs/angle, matmul, reductions, torch.fft
+(all transforms and norm modes) and complex autograd."""
+import pytest
+import torch
+
+from conftest import assert_same, check_raises, tpu
+
+COMPLEX = [torch.complex64, torch.complex128]
+
+
+def cdata(shape, dt=torch.complex64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, dtype=dt, generator=g)
+
+
+def rdata(shape, dt=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, dtype=dt, generator=g)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_creation_and_copies(dt):
+    assert_same(torch.zeros(2, 3, dtype=dt, device="tpu"), torch.zeros(2, 3, dtype=dt))
+    assert_same(torch.ones(4, dtype=dt, device="tpu"), torch.ones(4, dtype=dt))
+    assert_same(torch.full((2, 2), 1 - 2j, dtype=dt, device="tpu"), torch.full((2, 2), 1 - 2j, dtype=dt))
+    assert_same(torch.tensor([1 + 2j, -3j], dtype=dt, device="tpu"), torch.tensor([1 + 2j, -3j], dtype=dt))
+    x = cdata((3, 4), dt)
+    t = tpu(x)
+    assert t.dtype == dt and torch.equal(t.cpu(), x)
+    for other in COMPLEX + [torch.float32, torch.float64, torch.int64]:
+        assert_same(t.to(other), x.to(other))
+    r = rdata((3, 4))
+    assert_same(tpu(r).to(dt), r.to(dt))
+    assert_same(t[1:, ::2].clone(), x[1:, ::2].clone())
+    assert_same(torch.cat([t, t]), torch.cat([x, x]))
+
+
+BINARY = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+    "rsub": lambda a, b: 2 - a, "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+}
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("other", ["complex", "real", "int", "scalar", "cscalar"])
+def test_binary(dt, op, other):
+    a = cdata((3, 4), dt, 0)
+    b = {"complex": cdata((3, 4), dt, 1), "real": rdata((4,), seed=2), "int": torch.arange(1, 5),
+         "scalar": 2.5, "cscalar": 1.5 - 0.5j}[other]
+    b_t = tpu(b) if isinstance(b, torch.Tensor) else b
+    assert_same(BINARY[op](tpu(a), b_t), BINARY[op](a, b))
+    if isinstance(b, torch.Tensor) and op in ("add", "mul", "div", "sub"):
+        assert_same(BINARY[op](b_t, tpu(a)), BINARY[op](b, a))
+
+
+UNARY = {
+    "neg": torch.neg, "exp": torch.exp, "sqrt": torch.sqrt, "abs": torch.abs, "angle": torch.angle,
+    "sgn": torch.sgn, "reciprocal": torch.reciprocal, "conj_physical": torch.conj_physical,
+    "sum": torch.sum, "mean": torch.mean, "sum_dim": lambda x: x.sum(1), "mean_dim": lambda x: x.mean(0),
+    "log": torch.log, "sin": torch.sin, "tanh": torch.tanh,
+}
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary(dt, op):
+    x = cdata((3, 4), dt)
+    x[0, 0] = 0
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dt == torch.complex64 else {}
+    assert_same(UNARY[op](tpu(x)), UNARY[op](x), **tol)
+
+
+def test_real_input_angle_and_complex():
+    r = torch.tensor([-1.0, 0.0, 2.0, float("nan"), -0.0])
+    assert_same(torch.angle(tpu(r)), torch.angle(r))
+    a, b = rdata((3,), seed=1), rdata((3,), seed=2)
+    assert_same(torch.complex(tpu(a), tpu(b)), torch.complex(a, b))
+    assert_same(torch.complex(tpu(a.double()), tpu(b.double())), torch.complex(a.double(), b.double()))
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_matmul(dt):
+    a, b = cdata((3, 4), dt, 0), cdata((4, 5), dt, 1)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dt == torch.complex64 else {}
+    assert_same(tpu(a) @ tpu(b), a @ b, **tol)
+    ba, bb = cdata((2, 3, 4), dt, 2), cdata((2, 4, 2), dt, 3)
+    assert_same(torch.bmm(tpu(ba), tpu(bb)), torch.bmm(ba, bb), **tol)
+    v, w = cdata((4,), dt, 4), cdata((4,), dt, 5)
+    assert_same(torch.dot(tpu(v), tpu(w)), torch.dot(v, w), **tol)
+    assert_same(torch.vdot(tpu(v), tpu(w)), torch.vdot(v, w), **tol)
+    check_raises(lambda x, y: x @ y, a, rdata((4, 5)))
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_view_as_real_and_complex_share_storage(dt):
+    x = cdata((3, 4), dt)
+    t = tpu(x)
+    vr, cvr = torch.view_as_real(t), torch.view_as_real(x)
+    assert_same(vr, cvr)
+    assert vr.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    vr[1, 2, 0] = 10.0
+    cvr[1, 2, 0] = 10.0
+    assert_same(t, x)
+    r = rdata((5, 2), torch.float32 if dt == torch.complex64 else torch.float64)
+    tr = tpu(r)
+    vc, cvc = torch.view_as_complex(tr), torch.view_as_complex(r)
+    assert_same(vc, cvc)
+    vc[3] = 1 + 1j
+    cvc[3] = 1 + 1j
+    assert_same(tr, r)
+    check_raises(lambda y: torch.view_as_complex(y), rdata((3, 3)))
+    check_raises(lambda y: torch.view_as_real(y), rdata((3,)))
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_real_imag_views_writable(dt):
+    x = cdata((3, 4), dt)
+    t = tpu(x)
+    assert_same(t.real, x.real)
+    assert_same(t.imag, x.imag)
+    t.real[0] = 5.0
+    x.real[0] = 5.0
+    t.imag[:, 1] *= 2
+    x.imag[:, 1] *= 2
+    assert_same(t, x)
+    t.imag.zero_()
+    x.imag.zero_()
+    assert_same(t, x)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_conj_bit(dt):
+    x = cdata((3, 4), dt)
+    t = tpu(x)
+    c = t.conj()
+    assert c.is_conj()
+    assert_same(c, x.conj())
+    assert torch.equal(c.cpu(), x.conj())
+    assert_same(c.resolve_conj(), x.conj().resolve_conj())
+    assert not c.resolve_conj().is_conj()
+    assert_same(c.clone(), x.conj().clone())
+    assert_same(c * tpu(x), x.conj() * x)
+    assert_same(c.imag, x.conj().imag)  # a neg view
+    assert_same(c.imag + 0, x.conj().imag + 0)
+    assert_same(c.to(torch.complex128), x.conj().to(torch.complex128))
+    assert_same(torch.view_as_real(c.resolve_conj()), torch.view_as_real(x.conj().resolve_conj()))
+    # copies into a conj view and from CPU conj tensors
+    d = tpu(torch.zeros(3, 4, dtype=dt)).conj()
+    e = torch.zeros(3, 4, dtype=dt).conj()
+    d.copy_(t)
+    e.copy_(x)
+    assert_same(d, e)
+    assert_same(tpu(x.conj()), x.conj())
+    u = tpu(torch.zeros(3, 4, dtype=dt))
+    u.copy_(x.conj())
+    assert_same(u, x.conj())
+    check_raises(lambda y: torch.view_as_real(y.conj()), x)
+
+
+FFTS = {  # name: (torch.fft function, kwargs), on a complex (3, 4, 5) input
+    "fft": ("fft", {}), "fft_n": ("fft", {"n": 6, "dim": 0}), "fft_trim": ("fft", {"n": 3}),
+    "ifft": ("ifft", {}), "fft2": ("fft2", {}), "ifft2": ("ifft2", {}), "fftn": ("fftn", {}),
+    "fftn_dims": ("fftn", {"dim": (2, 0)}), "ifftn": ("ifftn", {"s": (4, 4), "dim": (0, 2)}),
+    "irfft": ("irfft", {}), "irfft_n": ("irfft", {"n": 9}), "irfft2": ("irfft2", {}),
+    "irfftn": ("irfftn", {"s": (3, 4, 6)}), "irfftn_dim": ("irfftn", {"dim": (0, 1)}), "hfft": ("hfft", {}),
+}
+RFFTS = {  # on a real (3, 4, 5) input
+    "rfft": ("rfft", {}), "rfft_n": ("rfft", {"n": 7, "dim": 1}), "rfft2": ("rfft2", {}),
+    "rfftn": ("rfftn", {}), "rfftn_dims": ("rfftn", {"dim": (2, 0)}), "fft_real": ("fft", {}),
+    "fft2_real": ("fft2", {"dim": (0, 2)}), "ihfft": ("ihfft", {}),
+}
+
+
+def fft_tol(dt):
+    return {"rtol": 1e-4, "atol": 1e-4} if dt in (torch.complex64, torch.float32) else {"rtol": 1e-9, "atol": 1e-9}
+
+
+def fft_call(spec, norm):
+    name, kwargs = spec
+    kw = dict(kwargs) if norm is None else dict(kwargs, norm=norm)
+    return lambda x: getattr(torch.fft, name)(x, **kw)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("norm", [None, "forward", "ortho", "backward"])
+@pytest.mark.parametrize("op", list(FFTS))
+def test_fft_complex_input(dt, norm, op):
+    x = cdata((3, 4, 5), dt)
+    f = fft_call(FFTS[op], norm)
+    assert_same(f(tpu(x)), f(x), **fft_tol(dt))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+@pytest.mark.parametrize("norm", [None, "forward", "ortho"])
+@pytest.mark.parametrize("op", list(RFFTS))
+def test_fft_real_input(dt, norm, op):
+    x = rdata((3, 4, 5), dt)
+    f = fft_call(RFFTS[op], norm)
+    assert_same(f(tpu(x)), f(x), **fft_tol(dt))
+
+
+def test_fft_more_than_three_dims():
+    x = cdata((2, 3, 2, 4, 3))
+    assert_same(torch.fft.fftn(tpu(x)), torch.fft.fftn(x), **fft_tol(torch.complex64))
+    assert_same(torch.fft.ifftn(tpu(x), norm="ortho"), torch.fft.ifftn(x, norm="ortho"), **fft_tol(torch.complex64))
+    r = rdata((2, 3, 2, 4, 3))
+    assert_same(torch.fft.rfftn(tpu(r)), torch.fft.rfftn(r), **fft_tol(torch.complex64))
+    assert_same(torch.fft.irfftn(tpu(x)), torch.fft.irfftn(x), **fft_tol(torch.complex64))
+
+
+def test_fft_runs_on_device(no_cpu_fallback):
+    x = tpu(cdata((4, 6)))
+    torch.fft.fft(x).cpu()
+    torch.fft.ifft2(x, norm="ortho").cpu()
+    torch.fft.irfft(x).cpu()
+    torch.fft.rfft(tpu(rdata((4, 6)))).cpu()
+
+
+def test_complex_ops_run_on_device(no_cpu_fallback):
+    a, b = tpu(cdata((3, 4), seed=0)), tpu(cdata((4, 3), seed=1))
+    for y in [a + a, a * a, a / a, -a, a.exp(), a.abs(), a.angle(), a @ b, a.sum(), a.mean(), a.conj().cpu(),
+              a.real + 1, torch.view_as_real(a) * 2]:
+        y.cpu()
+
+
+def test_fft_errors_as_cpu():
+    check_raises(lambda x: torch.fft.fft(x, dim=3), cdata((3, 4)))
+    check_raises(lambda x: torch.fft.fft(x, n=0), cdata((3, 4)))
+    check_raises(lambda x: torch.fft.fft2(x.half()), rdata((4, 4)))
+
+
+def grads(fn, x, device):
+    t = x.detach().to(device).requires_grad_(True)
+    fn(t).backward()
+    return t.grad
+
+
+@pytest.mark.parametrize("case", [
+    lambda z: z.abs().sum(),
+    lambda z: (z * z.conj()).real.sum(),
+    lambda z: torch.fft.fft(z).abs().sum(),
+    lambda z: torch.fft.ifft2(z, norm="ortho").real.sum(),
+    lambda z: (z.exp() * 2).imag.sum(),
+    lambda z: torch.view_as_real(z).pow(2).sum(),
+])
+def test_complex_autograd(case):
+    x = cdata((3, 4))
+    assert_same(grads(case, x, "tpu"), grads(case, x, "cpu"), rtol=1e-4, atol=1e-5)
+
+
+def test_real_to_complex_autograd():
+    r = rdata((4, 6))
+    f = lambda y: torch.fft.rfft(y).abs().sum()  # noqa: E731
+    assert_same(grads(f, r, "tpu"), grads(f, r, "cpu"), rtol=1e-4, atol=1e-4)
+    f2 = lambda y: torch.fft.irfft(torch.complex(y, y * 0.5)).pow(2).sum()  # noqa: E731
+    assert_same(grads(f2, r, "tpu"), grads(f2, r, "cpu"), rtol=1e-4, atol=1e-4)
