@@ -352,7 +352,8 @@ std::vector<runtime::BufferPtr> run_cached(
 }
 
 namespace {
-// Key of an internal program that reads or writes view `t` of storage `sb`.
+// Key of an internal program that reads or writes view `t` of storage `sb`
+// (not its storage offset: a runtime input, see offset_buffer).
 std::string view_key(const char* what, const at::Tensor& t, const StorageBuffer& sb, DType dt) {
   std::string key = what;
   put(key, static_cast<char>(dt));
@@ -360,8 +361,12 @@ std::string view_key(const char* what, const at::Tensor& t, const StorageBuffer&
   put(key, static_cast<int64_t>(sb.numel()));
   put(key, t.sizes());
   put(key, t.strides());
-  put(key, t.storage_offset());
   return key;
+}
+
+runtime::BufferPtr offset_buffer(const at::Tensor& t, int device) {
+  int64_t offset = t.storage_offset();
+  return rt().buffer_from_host(&offset, PJRT_Buffer_Type_S64, {}, device);
 }
 }  // namespace
 
@@ -374,9 +379,10 @@ runtime::BufferPtr materialize(const at::Tensor& t) {
   std::string key = view_key("$read|", t, sb, dt);
   TensorType storage_type{sb.dtype, {sb.numel()}};
   int64_t n = t.numel();
-  return run_cached(key, {buffer}, sb.device, [&](Builder& b) {
+  return run_cached(key, {buffer, offset_buffer(t, sb.device)}, sb.device, [&](Builder& b) {
     Value flat = lowering::reinterpret_flat(b, b.param(storage_type), dt);
-    return std::vector<Value>{b.reshape(lowering::read_strided(b, flat, view), {n})};
+    Value offset = b.param(TensorType{DType::I64, {}});
+    return std::vector<Value>{b.reshape(lowering::read_strided(b, flat, view, offset), {n})};
   })[0];
 }
 
@@ -395,10 +401,11 @@ void assign(const at::Tensor& t, runtime::BufferPtr values) {
   std::string key = view_key("$write|", t, sb, dt);
   TensorType storage_type{sb.dtype, {sb.numel()}};
   TensorType values_type{dt, {t.numel()}};
-  auto out = run_cached(key, {base, values}, sb.device, [&](Builder& b) {
+  auto out = run_cached(key, {base, values, offset_buffer(t, sb.device)}, sb.device, [&](Builder& b) {
     Value flat = lowering::reinterpret_flat(b, b.param(storage_type), dt);
     Value v = b.reshape(b.param(values_type), view.sizes);
-    return std::vector<Value>{lowering::write_strided(b, flat, v, view)};
+    Value offset = b.param(TensorType{DType::I64, {}});
+    return std::vector<Value>{lowering::write_strided(b, flat, v, view, offset)};
   });
   sb.buffer = out[0];
   sb.dtype = dt;

@@ -39,7 +39,9 @@ struct Resize {
 
 // Where each program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Storage, Rng, Scalars, CheckWord } kind;
+  // Offsets: the storage offset of every slot, an s64 vector (views read and
+  // write their storage with dynamic_slice / dynamic_update_slice at it).
+  enum Kind : char { Storage, Rng, Scalars, CheckWord, Offsets } kind;
   int storage = -1;
   lowering::DType dtype = lowering::DType::F32;
 };

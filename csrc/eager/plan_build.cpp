@@ -195,6 +195,24 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     return b.reshape(b.slice(*scalar_pack, {k}, {k + 1}), {});
   };
 
+  // Storage offsets, one s64 vector parameter (every slot's, at run time):
+  // keys hold no offset, so one program serves a view at every offset.
+  std::optional<Value> offset_pack;
+  for (const Slot& s : inst.slots) {
+    if (s.tensor.numel() == 0 || offset_pack) continue;
+    DType dt = device::to_dtype(s.tensor.scalar_type());
+    if (!view_of(s.tensor).covers_whole(static_cast<int64_t>(inst.storages[s.storage]->nbytes) /
+                                        lowering::itemsize(dt))) {
+      offset_pack = b.param(TensorType{DType::I64, {static_cast<int64_t>(inst.slots.size())}});
+      plan->params.push_back(ParamSource{ParamSource::Offsets});
+    }
+  }
+  auto offset_of = [&](const Slot& s) -> std::optional<Value> {
+    if (!offset_pack) return std::nullopt;
+    int64_t k = &s - inst.slots.data();
+    return b.reshape(b.slice(*offset_pack, {k}, {k + 1}), {});
+  };
+
   std::vector<std::optional<Value>> storage_param(inst.storages.size());
   auto param_for = [&](int storage) -> Value {
     if (!storage_param[storage]) {
@@ -208,7 +226,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     DType dt = device::to_dtype(s.tensor.scalar_type());
     if (s.tensor.numel() == 0) return b.zeros(TensorType{dt, s.tensor.sizes().vec()});
     Value flat = lowering::reinterpret_flat(b, param_for(s.storage), dt);
-    return lowering::read_strided(b, flat, view_of(s.tensor));
+    return lowering::read_strided(b, flat, view_of(s.tensor), offset_of(s));
   };
 
   // ---- arguments (a foreach list argument gives one Arg per element) ----
@@ -366,7 +384,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       // Never written: zeros give the partial write a base.
       if (!storage_value[s.storage] && !sb->buffer) device::ensure_buffer(*sb, dt);
       Value base = storage_value[s.storage] ? *storage_value[s.storage] : param_for(s.storage);
-      flat = lowering::write_strided(b, lowering::reinterpret_flat(b, base, dt), res, view);
+      flat = lowering::write_strided(b, lowering::reinterpret_flat(b, base, dt), res, view, offset_of(s));
     }
     storage_value[s.storage] = flat;
     storage_dtype[s.storage] = dt;

@@ -48,6 +48,14 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           }
           break;
         }
+        case ParamSource::Offsets: {
+          std::vector<int64_t> host;
+          host.reserve(inst.slots.size());
+          for (const Slot& s : inst.slots) host.push_back(s.tensor.storage_offset());
+          params.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_S64,
+                                                 {static_cast<int64_t>(host.size())}, device));
+          break;
+        }
         case ParamSource::CheckWord:
           params.push_back(rt().check_word(device));
           break;

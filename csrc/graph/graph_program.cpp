@@ -49,7 +49,11 @@ int GraphProgram::input_view(int input_index, const at::Tensor& t) {
   src.view = eager::view_of(t);
   Value flat = lowering::reinterpret_flat(b_, b_.param(TensorType{st, {numel}}), dt);
   params_.push_back(src);
-  return add(lowering::read_strided(b_, flat, src.view));
+  // The offset is a runtime input: a view at another offset (a batch sliced
+  // out of one long tensor) runs the same program.
+  Value offset = b_.param(TensorType{DType::I64, {}});
+  params_.push_back(ParamSource{ParamSource::Offset, input_index});
+  return add(lowering::read_strided(b_, flat, src.view, offset));
 }
 
 bool covers_storage(const at::Tensor& t) {
@@ -222,9 +226,13 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       if (!sb.buffer) device::ensure_buffer(sb, p.dtype);
       lowering::StridedView v = eager::view_of(t);
       if (sb.dtype != p.dtype || sb.numel() != p.storage_numel || v.sizes != p.view.sizes ||
-          v.strides != p.view.strides || v.offset != p.view.offset)
+          v.strides != p.view.strides || (t.numel() > 0 && v.covers_whole(p.storage_numel) !=
+                                                                p.view.covers_whole(p.storage_numel)))
         return std::nullopt;
       keep.push_back(sb.buffer);
+    } else if (p.kind == ParamSource::Offset) {
+      int64_t offset = inputs.at(p.input).storage_offset();
+      keep.push_back(rt.buffer_from_host(&offset, PJRT_Buffer_Type_S64, {}, device));
     } else if (p.kind == ParamSource::CpuPack) {
       std::vector<at::Tensor> parts;
       for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));

@@ -20,7 +20,9 @@ namespace torch_pjrt::graph {
 
 // Where a program parameter comes from at run time.
 struct ParamSource {
-  enum Kind : char { Input, Rng, CpuPack, Storage, CheckWord } kind = Input;
+  // Offset: the storage offset of view input `input` (a 0-d s64, read at run
+  // time: one program for every offset).
+  enum Kind : char { Input, Rng, CpuPack, Storage, CheckWord, Offset } kind = Input;
   int input = -1;           // Input, Storage: index into the tensors passed to run()
   std::vector<int> inputs;  // CpuPack: CPU inputs of one dtype, concatenated
   lowering::DType dtype = lowering::DType::F32;  // CpuPack; Storage: the storage's element type

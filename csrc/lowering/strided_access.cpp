@@ -53,10 +53,34 @@ Value segment(Builder& b, const Value& flat, int64_t offset, int64_t length, int
   return seg;
 }
 
+// A view's span: 1 + the flat distance from its first to its last element.
+int64_t span(const StridedView& v) {
+  int64_t s = 1;
+  for (size_t d = 0; d < v.sizes.size(); ++d) s += (v.sizes[d] - 1) * v.strides[d];
+  return s;
+}
+
+// The segment [offset, offset + length) for an offset known only at run time:
+// the view's span, which lies in the storage for any valid view (no clamping),
+// zero-padded to `length`. *taken = the span.
+Value dynamic_segment(Builder& b, const Value& flat, const Value& offset, int64_t length, int64_t span_len,
+                      int64_t* taken) {
+  int64_t take = std::min({span_len, length, flat.shape()[0]});
+  *taken = take;
+  Value seg = b.dynamic_slice(flat, {offset}, {take});
+  if (take < length)
+    seg = b.pad(seg, b.constant_int(0, flat.dtype()), {0}, {length - take});
+  return seg;
+}
+
+Value dynamic_update(Builder& b, const Value& x, const Value& update, const Value& offset) {
+  return b.op("stablehlo.dynamic_update_slice", {x, update, offset}, x.type);
+}
+
 // Flat element indices of every view element, shape sizes + [1].
-Value element_indices(Builder& b, const StridedView& v) {
+Value element_indices(Builder& b, const StridedView& v, const std::optional<Value>& offset) {
   TensorType it{DType::I64, v.sizes};
-  Value idx = b.splat(Scalar::from_int(v.offset), it);
+  Value idx = offset ? b.broadcast_in_dim(*offset, v.sizes, {}) : b.splat(Scalar::from_int(v.offset), it);
   for (size_t d = 0; d < v.sizes.size(); ++d) {
     if (v.strides[d] == 0 || v.sizes[d] == 1) continue;
     Value term = b.binary("multiply", b.iota(it, static_cast<int64_t>(d)),
@@ -89,19 +113,22 @@ bool StridedView::covers_whole(int64_t storage_numel) const {
   return offset == 0 && numel(sizes) == storage_numel && is_contiguous();
 }
 
-Value read_strided(Builder& b, const Value& flat, const StridedView& v) {
+Value read_strided(Builder& b, const Value& flat, const StridedView& v, const std::optional<Value>& offset) {
   TensorType out{flat.dtype(), v.sizes};
   if (numel(v.sizes) == 0) return b.zeros(out);
   if (v.covers_whole(flat.shape()[0])) return b.reshape(flat, v.sizes);
   Plan p = make_plan(v);
-  if (!p.regular) return b.gather_elements(flat, element_indices(b, v));
+  if (!p.regular) return b.gather_elements(flat, element_indices(b, v, offset));
   Value compact;  // mem dims in stride order
   size_t k = p.mem_dims.size();
   if (k == 0) {
-    compact = b.reshape(b.slice(flat, {v.offset}, {v.offset + 1}), {});
+    compact = b.reshape(offset ? b.dynamic_slice(flat, {*offset}, {1}) : b.slice(flat, {v.offset}, {v.offset + 1}),
+                        {});
   } else {
     int64_t taken;
-    Value r = b.reshape(segment(b, flat, v.offset, p.length, &taken), p.base);
+    Value seg = offset ? dynamic_segment(b, flat, *offset, p.length, span(v), &taken)
+                       : segment(b, flat, v.offset, p.length, &taken);
+    Value r = b.reshape(seg, p.base);
     Shape limit = sizes_of(v, p.mem_dims);
     limit.push_back(1);
     r = b.slice(r, Shape(k + 1, 0), limit);
@@ -117,15 +144,18 @@ Value read_strided(Builder& b, const Value& flat, const StridedView& v) {
   return b.broadcast_in_dim(ordered, v.sizes, logical);
 }
 
-Value write_strided(Builder& b, const Value& flat, const Value& values, const StridedView& v) {
+Value write_strided(Builder& b, const Value& flat, const Value& values, const StridedView& v,
+                    const std::optional<Value>& offset) {
   if (numel(v.sizes) == 0) return flat;
   int64_t n = flat.shape()[0];
   if (v.covers_whole(n)) return b.reshape(values, {n});
   Plan p = make_plan(v);
   if (!p.regular || !p.bcast_dims.empty())
-    return b.scatter_elements(flat, element_indices(b, v), values);
+    return b.scatter_elements(flat, element_indices(b, v, offset), values);
   size_t k = p.mem_dims.size();
-  if (k == 0) return b.dynamic_update_slice(flat, b.reshape(values, {1}), {v.offset});
+  if (k == 0)
+    return offset ? dynamic_update(b, flat, b.reshape(values, {1}), *offset)
+                  : b.dynamic_update_slice(flat, b.reshape(values, {1}), {v.offset});
   std::vector<int64_t> logical = p.mem_dims;
   std::sort(logical.begin(), logical.end());
   Value compact = b.reshape(values, sizes_of(v, logical));
@@ -137,15 +167,37 @@ Value write_strided(Builder& b, const Value& flat, const Value& values, const St
   upd_shape.push_back(1);
   Value upd = b.reshape(compact, upd_shape);
   int64_t taken;
-  Value r = b.reshape(segment(b, flat, v.offset, p.length, &taken), p.base);
+  Value old = offset ? dynamic_segment(b, flat, *offset, p.length, span(v), &taken)
+                     : segment(b, flat, v.offset, p.length, &taken);
+  Value r = b.reshape(old, p.base);
   r = b.dynamic_update_slice(r, upd, Shape(k + 1, 0));
   Value seg = b.slice(b.reshape(r, {p.length}), {0}, {taken});
-  return b.dynamic_update_slice(flat, seg, {v.offset});
+  return offset ? dynamic_update(b, flat, seg, *offset) : b.dynamic_update_slice(flat, seg, {v.offset});
 }
 
 Value reinterpret_flat(Builder& b, const Value& flat, DType to) {
   DType from = flat.dtype();
   if (from == to) return flat;
+  // bitcast_convert refuses complex types: split into / join from (re, im) pairs.
+  if (is_complex(from)) {
+    DType r = real_dtype(from);
+    int64_t n = flat.shape()[0];
+    Value re = b.reshape(b.op("stablehlo.real", {flat}, TensorType{r, {n}}), {n, 1});
+    Value im = b.reshape(b.op("stablehlo.imag", {flat}, TensorType{r, {n}}), {n, 1});
+    return reinterpret_flat(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
+  }
+  if (is_complex(to)) {
+    DType r = real_dtype(to);
+    Value parts = reinterpret_flat(b, flat, r);
+    int64_t m = parts.shape()[0];
+    if (m % 2 != 0)
+      throw std::runtime_error("torch_pjrt: storage of " + std::to_string(m * itemsize(r)) +
+                               " bytes cannot be viewed as " + dtype_name(to));
+    Value pairs = b.reshape(parts, {m / 2, 2});
+    Value re = b.reshape(b.slice(pairs, {0, 0}, {m / 2, 1}), {m / 2});
+    Value im = b.reshape(b.slice(pairs, {0, 1}, {m / 2, 2}), {m / 2});
+    return b.op("stablehlo.complex", {re, im}, TensorType{to, {m / 2}});
+  }
   if (from == DType::Bool || to == DType::Bool) {
     Value bytes = from == DType::Bool ? b.convert(flat, DType::U8) : reinterpret_flat(b, flat, DType::U8);
     return to == DType::Bool ? b.convert(bytes, DType::Bool) : reinterpret_flat(b, bytes, to);
@@ -178,23 +230,3 @@ bool dense_permutation(const Shape& sizes, const Shape& strides, std::vector<int
 }
 
 }  // namespace torch_pjrt::lowering
-  // bitcast_convert refuses complex types: split into / join from (re, im) pairs.
-  if (is_complex(from)) {
-    DType r = real_dtype(from);
-    int64_t n = flat.shape()[0];
-    Value re = b.reshape(b.op("stablehlo.real", {flat}, TensorType{r, {n}}), {n, 1});
-    Value im = b.reshape(b.op("stablehlo.imag", {flat}, TensorType{r, {n}}), {n, 1});
-    return reinterpret_flat(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
-  }
-  if (is_complex(to)) {
-    DType r = real_dtype(to);
-    Value parts = reinterpret_flat(b, flat, r);
-    int64_t m = parts.shape()[0];
-    if (m % 2 != 0)
-      throw std::runtime_error("torch_pjrt: storage of " + std::to_string(m * itemsize(r)) +
-                               " bytes cannot be viewed as " + dtype_name(to));
-    Value pairs = b.reshape(parts, {m / 2, 2});
-    Value re = b.reshape(b.slice(pairs, {0, 0}, {m / 2, 1}), {m / 2});
-    Value im = b.reshape(b.slice(pairs, {0, 1}, {m / 2, 2}), {m / 2});
-    return b.op("stablehlo.complex", {re, im}, TensorType{to, {m / 2}});
-  }

@@ -136,7 +136,7 @@ void bind_graph(py::module& m) {
       // Per program parameter: (kind, graph input index or -1); readiness
       // annotates shardings from it.
       .def("param_sources", [](GraphProgram& g) {
-        static const char* kKinds[] = {"input", "rng", "cpu_pack", "storage", "check_word"};
+        static const char* kKinds[] = {"input", "rng", "cpu_pack", "storage", "check_word", "offset"};
         py::list out;
         for (const auto& p : g.params()) out.append(py::make_tuple(kKinds[p.kind], p.input));
         return out;

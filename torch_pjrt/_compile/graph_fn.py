@@ -174,7 +174,7 @@ class CompiledGraphFn:
             stats.COUNTERS["graph_recompiles"] += 1
             why = ("its executable was evicted from the bounded in-memory cache" if evicted
                    else _describe_change(self.last_signature, sig, self.placeholders) if sig not in self.entries
-                   else "a view input's geometry (strides, offset or storage size) changed")
+                   else "a view input's geometry (strides or storage size) changed")
             versions = sum(len(v) for v in self.entries.values()) + 1
             stats.log("recompiles", f"graph '{self.name}' recompiled: {why}; cost {cost}; {versions} versions")
         elif self.after_recompile:
