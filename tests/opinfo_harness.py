@@ -61,11 +61,15 @@ TOLERANCES = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+    torch.complex64: (1e-5, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
 }
 INT_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-               "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
+               "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+               "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+               "complex64": torch.complex64, "complex128": torch.complex128}
 
 # Random or undefined-valued ops that OpInfo does not already mark as skipped for
 # TestCommon.test_compare_cpu.
@@ -75,7 +79,7 @@ _NONDETERMINISTIC = re.compile(
     r"gumbel_softmax|fractional_max_pool\w*|empty\w*|new_empty\w*)($|\.|_like)")
 
 STATUSES = ("pass", "mismatch", "error", "fallback")
-# The device has no complex or wide unsigned dtypes: a composite OpInfo whose probe stops
+# Builds without complex or wide unsigned dtypes: a composite OpInfo whose probe stops
 # on one of these is "unsupported", not a lowering failure.
 _UNSUPPORTED = re.compile(r"dtype (Complex\w*|UInt(16|32|64)) is not supported on device")
 

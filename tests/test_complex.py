@@ -227,6 +227,18 @@ def test_complex_ops_run_on_device(no_cpu_fallback):
         y.cpu()
 
 
+def test_more_ops_run_on_device(no_cpu_fallback):
+    a, m = cdata((5,), seed=0), cdata((3, 5), seed=1)
+    r = rdata((5,), seed=2)
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    assert_same(tpu(m) @ tpu(a), m @ a, **tol)
+    assert_same(torch.vdot(tpu(a), tpu(a * 2)), torch.vdot(a, a * 2), **tol)
+    assert_same(torch.polar(tpu(r.abs()), tpu(r)), torch.polar(r.abs(), r), **tol)
+    assert_same(torch.fft.fft(tpu(a), n=8), torch.fft.fft(a, n=8), **tol)
+    assert_same(torch.fft.fftshift(tpu(m)), torch.fft.fftshift(m))
+    assert_same(torch.addmm(tpu(m[:, :3]), tpu(m), tpu(m.T)), torch.addmm(m[:, :3], m, m.T), **tol)
+
+
 def test_fft_errors_as_cpu():
     check_raises(lambda x: torch.fft.fft(x, dim=3), cdata((3, 4)))
     check_raises(lambda x: torch.fft.fft(x, n=0), cdata((3, 4)))

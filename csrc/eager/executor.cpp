@@ -197,7 +197,8 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   static const std::set<std::string> complex_ops = {
       "add", "sub", "rsub", "mul", "div", "neg", "exp", "sqrt", "fill", "zero", "clone", "_to_copy", "copy",
       "cat", "mm", "bmm", "dot", "sum", "mean", "abs", "angle", "eq", "ne", "conj_physical", "reciprocal",
-      "_conj_physical", "_fft_c2c", "_fft_r2c", "_fft_c2r", "where", "complex", "sgn"};
+      "_conj_physical", "_fft_c2c", "_fft_r2c", "_fft_c2r", "where", "complex", "sgn", "mv", "addmm", "addmv",
+      "baddbmm", "addbmm", "vdot", "polar", "constant_pad_nd", "roll", "flip", "index_select"};
   bool has_unsigned = false, has_complex = false;
   auto note = [&](c10::ScalarType t) {
     has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;

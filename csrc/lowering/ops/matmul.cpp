@@ -48,6 +48,24 @@ TORCH_PJRT_LOWERING("mm", [](LoweringContext& c) { return std::vector<Value>{pro
 TORCH_PJRT_LOWERING("bmm", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "mat2", 1, 1)}; });
 TORCH_PJRT_LOWERING("mv", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "vec", 0, 0)}; });
 TORCH_PJRT_LOWERING("dot", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "tensor", 0, 0)}; });
+// vdot(a, b): sum(conj(a) * b) (a itself for real dtypes).
+TORCH_PJRT_LOWERING("vdot", [](LoweringContext& c) {
+  Builder& b = c.b;
+  Value x = c.tensor("self");
+  if (x.rank() != 1 || c.tensor("other").rank() != 1)
+    c.fail("1D tensors expected, but got " + std::to_string(x.rank()) + "D and " +
+           std::to_string(c.tensor("other").rank()) + "D tensors");
+  check_same_dtype(c, x, c.tensor("other"));
+  if (is_complex(x.dtype())) {
+    DType r = real_dtype(x.dtype());
+    Value re = b.op("stablehlo.real", {x}, TensorType{r, x.shape()});
+    Value im = b.op("stablehlo.imag", {x}, TensorType{r, x.shape()});
+    x = b.op("stablehlo.complex", {re, b.unary("negate", im)}, x.type);
+  }
+  Value y = b.convert(c.tensor("other"), acc_dtype(c.out().dtype));
+  x = b.convert(x, acc_dtype(c.out().dtype));
+  return std::vector<Value>{b.dot_general(x, y, {}, {}, {0}, {0}, x.dtype())};
+});
 TORCH_PJRT_LOWERING("addmm", [](LoweringContext& c) {
   return std::vector<Value>{add_product(c, product(c, "mat1", "mat2", 0, 0))};
 });

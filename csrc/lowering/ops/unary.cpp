@@ -55,6 +55,17 @@ std::vector<Value> conj_physical(LoweringContext& ctx) {
   return {b.op("stablehlo.complex", {real_part(b, x), b.unary("negate", imag_part(b, x))}, x.type)};
 }
 
+// polar(abs, angle): complex(abs cos(angle), abs sin(angle)).
+std::vector<Value> polar(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType r = real_dtype(out.dtype);
+  Value a = b.broadcast_to(b.convert(ctx.tensor("abs"), r), out.shape);
+  Value t = b.broadcast_to(b.convert(ctx.tensor("angle"), r), out.shape);
+  return {b.op("stablehlo.complex", {b.binary("multiply", a, b.unary("cosine", t)),
+                                     b.binary("multiply", a, b.unary("sine", t))}, out)};
+}
+
 // complex(real, imag).
 std::vector<Value> make_complex(LoweringContext& ctx) {
   Builder& b = ctx.b;
@@ -201,6 +212,7 @@ TORCH_PJRT_LOWERING("angle", angle);
 TORCH_PJRT_LOWERING("conj_physical", conj_physical);
 TORCH_PJRT_LOWERING("_conj_physical", conj_physical);
 TORCH_PJRT_LOWERING("complex", make_complex);
+TORCH_PJRT_LOWERING("polar", polar);
 TORCH_PJRT_LOWERING("neg", neg);
 TORCH_PJRT_LOWERING("sign", sign);
 TORCH_PJRT_LOWERING("sgn", sign);  // sign for real dtypes (l1_loss backward uses it)
