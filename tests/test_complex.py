@@ -270,3 +270,22 @@ def test_real_to_complex_autograd():
     assert_same(grads(f, r, "tpu"), grads(f, r, "cpu"), rtol=1e-4, atol=1e-4)
     f2 = lambda y: torch.fft.irfft(torch.complex(y, y * 0.5)).pow(2).sum()  # noqa: E731
     assert_same(grads(f2, r, "tpu"), grads(f2, r, "cpu"), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.complex64, torch.float32), (torch.float32, torch.complex64),
+                                     (torch.complex128, torch.float64), (torch.complex64, torch.int64),
+                                     (torch.complex64, torch.uint8), (torch.uint8, torch.complex64),
+                                     (torch.complex128, torch.complex64), (torch.int32, torch.complex64),
+                                     (torch.complex64, torch.uint16)])
+def test_view_dtype(src, dst):
+    x = cdata((2, 4), torch.complex128) if src.is_complex else rdata((2, 8), torch.float64)
+    if src.is_complex:
+        x = x.to(src)
+    else:
+        x = x.to(src) if src.is_floating_point else (x * 50).to(src)
+    t = tpu(x)
+    assert_same(t.view(dst), x.view(dst))
+    v, cv = t.view(dst), x.view(dst)
+    v[0, 0] = 3
+    cv[0, 0] = 3
+    assert_same(t, x)
