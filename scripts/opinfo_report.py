@@ -28,9 +28,10 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-FULL_DTYPES = "float32,bfloat16,int64,int32,int16,int8,uint8"
+FULL_DTYPES = "float32,bfloat16,int64,int32,int16,int8,uint8,complex64,complex128,uint16,uint32,uint64"
 # Samples per (op, dtype) in a full run: float32 gets the most, each integer dtype fewer.
-FULL_CAPS = {"float32": 5, "bfloat16": 3, "int64": 2, "int32": 1, "int16": 1, "int8": 1, "uint8": 1}
+FULL_CAPS = {"float32": 5, "bfloat16": 3, "int64": 2, "int32": 1, "int16": 1, "int8": 1, "uint8": 1,
+             "complex64": 2, "complex128": 1, "uint16": 1, "uint32": 1, "uint64": 1}
 FULL_TIME_CAP_S = 12.0      # per op: the samples left after it are not run
 STALL_S = 180.0             # a worker without progress this long is killed
 

@@ -62,7 +62,11 @@ UNARY = {
     "sgn": torch.sgn, "reciprocal": torch.reciprocal, "conj_physical": torch.conj_physical,
     "sum": torch.sum, "mean": torch.mean, "sum_dim": lambda x: x.sum(1), "mean_dim": lambda x: x.mean(0),
     "log": torch.log, "sin": torch.sin, "tanh": torch.tanh,
+    "log1p": torch.log1p, "expm1": torch.expm1, "cos": torch.cos, "tan": torch.tan, "cosh": torch.cosh,
+    "sinh": torch.sinh, "rsqrt": torch.rsqrt, "cumsum": lambda x: x.cumsum(1),
 }
+# Lowered on tpu for complex (no CPU fallback); the rest of UNARY may fall back.
+ON_DEVICE = ["exp", "sqrt", "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "rsqrt", "cumsum", "neg", "abs"]
 
 
 @pytest.mark.parametrize("dt", COMPLEX)
@@ -70,6 +74,14 @@ UNARY = {
 def test_unary(dt, op):
     x = cdata((3, 4), dt)
     x[0, 0] = 0
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dt == torch.complex64 else {}
+    assert_same(UNARY[op](tpu(x)), UNARY[op](x), **tol)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("op", ON_DEVICE)
+def test_unary_on_device(dt, op, no_cpu_fallback):
+    x = cdata((3, 4), dt)
     tol = {"rtol": 1e-4, "atol": 1e-5} if dt == torch.complex64 else {}
     assert_same(UNARY[op](tpu(x)), UNARY[op](x), **tol)
 

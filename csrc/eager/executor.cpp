@@ -198,7 +198,10 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       "add", "sub", "rsub", "mul", "div", "neg", "exp", "sqrt", "fill", "zero", "clone", "_to_copy", "copy",
       "cat", "mm", "bmm", "dot", "sum", "mean", "abs", "angle", "eq", "ne", "conj_physical", "reciprocal",
       "_conj_physical", "_fft_c2c", "_fft_r2c", "_fft_c2r", "where", "complex", "sgn", "mv", "addmm", "addmv",
-      "baddbmm", "addbmm", "vdot", "polar", "constant_pad_nd", "roll", "flip", "index_select"};
+      "baddbmm", "addbmm", "vdot", "polar", "constant_pad_nd", "roll", "flip", "index_select",
+      // StableHLO's elementwise ops take complex operands as they are (forward only:
+      // their backward ops are not listed, the CPU computes them with the conj).
+      "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum"};
   bool has_unsigned = false, has_complex = false;
   auto note = [&](c10::ScalarType t) {
     has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;
