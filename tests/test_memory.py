@@ -66,7 +66,10 @@ def test_out_of_memory_raises_at_the_op_and_process_keeps_working(limit):
     with pytest.raises(torch.OutOfMemoryError) as e:
         torch.cat([x] * 12)  # 12 MiB more
     msg = str(e.value)
-    assert "tried to allocate 12.00 MiB" in msg and "6.00 MiB already in use" in msg and "limit 8.00 MiB" in msg
+    # `before`: what earlier tests of this process still hold (counted in use and under the limit)
+    assert "tried to allocate 12.00 MiB" in msg, msg
+    assert f"{(before + 6 * MiB) / MiB:.2f} MiB already in use" in msg, msg
+    assert f"limit {(before + 8 * MiB) / MiB:.2f} MiB" in msg, msg
     with pytest.raises(torch.OutOfMemoryError, match="tried to allocate 8.00 MiB"):
         x.reshape(-1, 1) * tpu(torch.ones(1, 8))  # a broadcast result
     with pytest.raises(torch.OutOfMemoryError, match="tried to allocate 16.00 MiB"):

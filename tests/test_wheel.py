@@ -50,6 +50,9 @@ def sh(cmd, timeout=1800, **kw):
 
 def pip(python, *args, **kw):
     # This environment's pip, run for the target interpreter (the fresh venvs have none of their own).
+    # clean_env: with PYTHONPATH at the repo (scripts/test.sh sets it) the target would see
+    # the dev torch_pjrt-0.1.0.dist-info and pip would skip the wheel as "already installed".
+    kw.setdefault("env", clean_env())
     return sh([sys.executable, "-m", "pip", "--python", python, "-q", *args], **kw)
 
 
