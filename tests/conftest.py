@@ -15,6 +15,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import torch_pjrt  # noqa: E402,F401  (registers the tpu device)
 
 DEVICE = "tpu"
+FUSED = os.environ.get("TORCH_PJRT_EAGER") == "fused"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "strict_eager: counts what strict eager launches or compiles per op (one program per op); "
+        "skipped when the suite runs with TORCH_PJRT_EAGER=fused")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not FUSED:
+        return
+    skip = pytest.mark.skip(reason="counts strict-eager launches (TORCH_PJRT_EAGER=fused records ops instead)")
+    for item in items:
+        if "strict_eager" in item.keywords:
+            item.add_marker(skip)
 
 # Tolerances per dtype (rtol, atol). XLA's CPU kernels use their own
 # approximations of transcendental functions, so float32 gets a little more

@@ -7,6 +7,8 @@ import threading
 import pytest
 import torch
 
+from conftest import FUSED
+
 ROUNDS = 6
 
 
@@ -202,12 +204,16 @@ def test_optimizer_step_vs_weight_reader(round_):
             seen.append(model.weight.detach().cpu())
 
     run_threads(trainer, reader)
-    assert torch.equal(model.weight.detach().cpu(), states[-1])
+    # Fused eager: the reader's host reads cut the trainer's traces at other
+    # points than the reference's, and a fused program may round in the last
+    # bit where op-by-op programs do not (XLA fuses across ops).
+    same = (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)) if FUSED else torch.equal
+    assert same(model.weight.detach().cpu(), states[-1])
     assert seen, "the reader never ran"
     for s in seen:
         # The weight changes in one op per step (SGD's _foreach_add_), so every
         # read equals the weight after some whole number of steps.
-        assert any(torch.equal(s, st) for st in states)
+        assert any(same(s, st) for st in states)
 
 
 def test_compiled_function_vs_eager_reader():

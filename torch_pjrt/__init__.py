@@ -141,6 +141,45 @@ def metrics():
     return m
 
 
+class fused:
+    """Fused eager for a region: ``with torch_pjrt.fused(): ...``.
+
+    Ops on tpu tensors are recorded instead of launched; the recorded trace runs
+    as one XLA program when something needs its values (a host read,
+    ``synchronize``, a CPU fallback, a size bound) and when the region ends.
+    Semantics are those of strict eager. The setting is process-wide while a
+    region is open (autograd's backward runs on its own thread), and
+    ``TORCH_PJRT_EAGER=fused`` turns it on everywhere. Also a decorator."""
+
+    def __enter__(self):
+        _state.C.fused_enter()
+        return self
+
+    def __exit__(self, *exc):
+        _state.C.fused_leave()
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with fused():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def fused_flush():
+    """Runs the pending fused trace now (nothing when there is none)."""
+    _state.C.fused_flush()
+
+
+def fused_active():
+    """Whether ops are being recorded (fused eager) right now."""
+    return bool(_state.C.fused_active())
+
+
 def plugin_info():
     """The loaded PJRT plugin: name, path, platform, API version, attributes."""
     return dict(_state.C.plugin_info())

@@ -19,6 +19,7 @@
 #include "device/storage.h"
 #include "eager/cpu_fallback.h"
 #include "eager/executor.h"
+#include "eager/fused.h"
 #include "lowering/builder.h"
 
 namespace torch_pjrt::device {
@@ -60,6 +61,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 void grow_storage(const at::Tensor& self, size_t nbytes) {
   c10::Storage storage = self.storage();
   StorageBuffer& old = storage_of(storage);
+  eager::settle(old);  // a fused trace owes its value
   c10::DeviceGuard guard(self.device());
   c10::DataPtr fresh = allocator()->allocate(nbytes);
   auto* sb = static_cast<StorageBuffer*>(fresh.get_context());

@@ -14,6 +14,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "device/current_device.h"
+#include "eager/fused.h"
 #include "runtime/pjrt_runtime.h"
 
 namespace torch_pjrt::device {
@@ -73,6 +74,7 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream s) const override { return default_stream(s.device()); }
   bool queryStream(const c10::Stream& s) const override { return runtime::Runtime::get().idle(stream_device(s)); }
   void synchronizeStream(const c10::Stream& s) const override {
+    eager::fused_flush("synchronize");
     runtime::Runtime::get().synchronize(stream_device(s));
   }
 
@@ -82,6 +84,7 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     int dev = stream_device(stream);
     TORCH_CHECK(device_index < 0 || device_index == dev, "Event device index ", static_cast<int>(device_index),
                 " does not match recording stream's device index ", dev, ".");
+    eager::fused_flush("event");  // the event marks recorded work as queued
     runtime::DeviceEventPtr marker = runtime::Runtime::get().record_event(dev);
     auto* slot = static_cast<EventSlot*>(*event);
     if (!slot) *event = slot = new EventSlot();

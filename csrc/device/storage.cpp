@@ -10,6 +10,7 @@
 #include "device/current_device.h"
 #include "device/dtype_map.h"
 #include "eager/executor.h"
+#include "eager/fused.h"
 
 namespace torch_pjrt::device {
 namespace {
@@ -17,7 +18,11 @@ namespace {
 // Fake addresses: unique, aligned, never reused, never dereferenced.
 std::atomic<uint64_t> g_next_address{0x100000000000ull};
 
-void delete_storage(void* ctx) { delete static_cast<StorageBuffer*>(ctx); }
+void delete_storage(void* ctx) {
+  auto* sb = static_cast<StorageBuffer*>(ctx);
+  if (sb->pending >= 0) eager::fused_forget(sb);  // a value that dies inside its trace
+  delete sb;
+}
 
 // Memory is counted by the runtime per buffer (runtime_memory.cpp): a storage
 // counts from its first write, when it gets one.
@@ -140,6 +145,7 @@ StorageBuffer& storage_of(const c10::Storage& s) {
 StorageBuffer& storage_of(const at::Tensor& t) { return storage_of(t.storage()); }
 
 const runtime::BufferPtr& ensure_buffer(StorageBuffer& sb, lowering::DType dtype) {
+  eager::settle(sb);  // a fused trace owes the value: run it
   if (!sb.buffer) {
     if (sb.nbytes % lowering::itemsize(dtype) != 0) dtype = lowering::DType::U8;
     int64_t n = static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dtype);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <atomic>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
@@ -23,6 +24,13 @@ struct StorageBuffer {
   lowering::DType dtype = lowering::DType::U8;
   // Null until first written; reads see zeros, so nothing reads garbage.
   runtime::BufferPtr buffer;
+  // Fused eager: >= 0 while a recorded trace owes this storage's value (its
+  // value id there; `buffer` is null until the trace runs), and the
+  // storage's place in the trace's list of written storages.
+  // Atomic: a storage may die on another thread (a tensor freed there), whose
+  // deleter then waits for the device lock (eager/fused.h, fused_forget).
+  std::atomic<int32_t> pending{-1};
+  int32_t pending_slot = -1;
   int64_t numel() const { return static_cast<int64_t>(nbytes) / lowering::itemsize(dtype); }
 };
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "eager/env.h"
+#include "eager/fused.h"
 #include "eager/op_instance.h"
 #include "runtime/pjrt_runtime.h"
 
@@ -59,6 +60,7 @@ void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
 }
 
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  FlushReason reason("cpu_fallback");  // its inputs' host copies run a fused trace that owes them
   check_written_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
   std::string name = op_display_name(op.schema());
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,

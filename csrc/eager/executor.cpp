@@ -19,6 +19,7 @@
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/cpu_fallback.h"
+#include "eager/fused.h"
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "lowering/strided_access.h"
@@ -96,6 +97,8 @@ std::mutex g_record_mutex;
 bool g_recording = false;
 std::vector<std::pair<std::string, std::string>> g_recorded;
 
+}  // namespace
+
 runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
   if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << text;
   {
@@ -104,6 +107,8 @@ runtime::ExecutablePtr compile_program(const std::string& text, const std::strin
   }
   return rt().compile(text);
 }
+
+namespace {
 
 std::string strip_namespace(const std::string& name) {
   auto pos = name.find("::");
@@ -320,9 +325,9 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     }
     plan->resizes = std::move(resizes);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
-    plan->text.clear();
     cache_put(dynamic ? inst.key_dynamic : inst.key_static, plan);
   }
+  if (fused_active() && fused_record(plan, inst, args, stack, nargs)) return;
   run_plan(*plan, schema, inst, args, stack, nargs);
 }
 
@@ -375,6 +380,7 @@ runtime::BufferPtr offset_buffer(const at::Tensor& t, int device) {
 }  // namespace
 
 runtime::BufferPtr materialize(const at::Tensor& t) {
+  FlushReason reason("host_read");
   StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
   const auto& buffer = device::ensure_buffer(sb, dt);
@@ -395,6 +401,7 @@ void assign(const at::Tensor& t, runtime::BufferPtr values) {
   DType dt = device::to_dtype(t.scalar_type());
   StridedView view = view_of(t);
   at::assert_no_internal_overlap(t);
+  settle(sb);  // a fused trace's later result must not overwrite this write
   if (sb.nbytes % lowering::itemsize(dt) == 0 &&
       view.covers_whole(static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dt))) {
     sb.buffer = std::move(values);

@@ -36,6 +36,9 @@ std::vector<runtime::BufferPtr> run_cached(
     const std::string& key, const std::vector<runtime::BufferPtr>& inputs, int device,
     const std::function<std::vector<lowering::Value>(lowering::Builder&)>& build);
 
+// Compiles a program (TORCH_PJRT_DUMP prints it; record_programs keeps it).
+runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what);
+
 int64_t executable_cache_size();
 // How each op's float arguments are treated, learned at its first build:
 // "runtime" (program inputs), "validated" (inputs, checked by the Meta kernel

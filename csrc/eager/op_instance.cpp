@@ -77,7 +77,8 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   else if (inst.device != dev) device_mismatch(tpu_name(inst.device), tpu_name(dev));
   StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
-  if (!pure_output && t.numel() > 0) device::ensure_buffer(sb, dt);
+  // (Never written: zeros now. Owed by a fused trace: a value of the trace.)
+  if (!pure_output && t.numel() > 0 && sb.pending < 0) device::ensure_buffer(sb, dt);
   int storage = -1;
   for (size_t i = 0; i < inst.storages.size(); ++i)
     if (inst.storages[i] == &sb) storage = static_cast<int>(i);
@@ -96,7 +97,7 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   // view; it is keyed anyway, as the program differs.
   inst.put(static_cast<char>(view_of(t).covers_whole(static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dt))));
   inst.put(static_cast<int64_t>(sb.nbytes));
-  inst.put(static_cast<char>(sb.buffer ? static_cast<int>(sb.dtype) : -1));
+  inst.put(static_cast<char>(sb.buffer || sb.pending >= 0 ? static_cast<int>(sb.dtype) : -1));
   inst.put(static_cast<int64_t>(storage));
 }
 

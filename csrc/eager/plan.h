@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,7 +49,10 @@ struct ParamSource {
 
 struct Plan {
   runtime::ExecutablePtr exe;
-  std::string text;
+  std::string text;  // kept: fused eager composes traces from op programs
+  uint64_t serial = 0;  // unique per plan: what a fused trace's structure names
+  std::string op_name;  // "aten::mul.Tensor", for errors
+  std::vector<lowering::TensorType> param_types, output_types;
   std::vector<ParamSource> params;
   bool dynamic_floats = false;  // float arguments are in the scalar input
   std::vector<ReturnPlan> returns;
@@ -70,6 +74,17 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
                             OpInstance& inst, const lowering::LoweringInfo& info,
                             const std::string& base, const std::string& overload,
                             const torch::jit::Stack& meta_stack, bool dynamic_floats);
+// Host-side inputs of one call: runtime scalars, slot storage offsets, the
+// random key (when the program takes them).
+std::vector<double> scalar_values(const Plan& plan, const OpInstance& inst);
+std::vector<int64_t> offset_values(const OpInstance& inst);
+std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int device);
+// The result of one schema return from the plan; `fresh` makes Fresh ones.
+c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
+                        const std::function<c10::IValue(const ReturnPlan&)>& fresh);
+// Pushes the op's returns (per return_arity) onto the stack.
+void push_returns(const Plan& plan, const OpInstance& inst, torch::jit::Stack* stack,
+                  const std::function<c10::IValue(const ReturnPlan&)>& make);
 // Launches the plan's program and replaces the op's arguments by its results.
 void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);

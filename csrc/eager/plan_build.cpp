@@ -29,7 +29,7 @@ DType scalar_pack_dtype() {
 }
 
 bool debug_mode() {
-  static bool debug = env_choice("TORCH_PJRT_EAGER", "async", {"async", "debug"}) == "debug";
+  static bool debug = env_choice("TORCH_PJRT_EAGER", "async", {"async", "debug", "fused"}) == "debug";
   return debug;
 }
 
@@ -545,7 +545,14 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     plan->writes.push_back(Write{static_cast<int>(s), static_cast<int>(program_outputs.size()), storage_dtype[s]});
     program_outputs.push_back(*storage_value[s]);
   }
-  if (!program_outputs.empty()) plan->text = b.finish(program_outputs);
+  if (!program_outputs.empty()) {
+    plan->text = b.finish(program_outputs);
+    plan->param_types = b.param_types();
+    for (const Value& v : program_outputs) plan->output_types.push_back(v.type);
+  }
+  static std::atomic<uint64_t> next_serial{1};
+  plan->serial = next_serial.fetch_add(1);
+  plan->op_name = op_display_name(schema);
   return plan;
 }
 

@@ -3,6 +3,7 @@
 
 #include "device/dtype_map.h"
 #include "device/generator.h"
+#include "eager/fused.h"
 #include "eager/plan.h"
 
 namespace torch_pjrt::eager {
@@ -14,11 +15,65 @@ namespace {
 runtime::Runtime& rt() { return runtime::Runtime::get(); }
 }  // namespace
 
+std::vector<double> scalar_values(const Plan& plan, const OpInstance& inst) {
+  std::vector<double> host;
+  host.reserve(inst.scalars.size());
+  for (const auto& s : inst.scalars)
+    if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
+  return host;
+}
+
+std::vector<int64_t> offset_values(const OpInstance& inst) {
+  std::vector<int64_t> host;
+  host.reserve(inst.slots.size());
+  for (const Slot& s : inst.slots) host.push_back(s.tensor.storage_offset());
+  return host;
+}
+
+std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int device) {
+  std::optional<at::Generator> gen;
+  for (const auto& v : args)
+    if (v.isGenerator()) gen = v.toGenerator();
+  auto key = device::next_rng_key(gen, device);
+  return {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
+}
+
+c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
+                        const std::function<c10::IValue(const ReturnPlan&)>& fresh) {
+  switch (rp.kind) {
+    case ReturnPlan::Undefined:
+      return at::Tensor();
+    case ReturnPlan::Constant:
+      return rp.constant;
+    case ReturnPlan::Aliased:
+      return inst.slots[rp.slot].tensor;
+    case ReturnPlan::Fresh:
+    case ReturnPlan::HostScalar:
+      return fresh(rp);
+  }
+  return c10::IValue();
+}
+
+void push_returns(const Plan& plan, const OpInstance& inst, torch::jit::Stack* stack,
+                  const std::function<c10::IValue(const ReturnPlan&)>& make) {
+  size_t next = 0;
+  for (int arity : plan.return_arity) {
+    if (arity < 0) {
+      stack->push_back(make_return(plan.returns[next++], inst, make));
+    } else {
+      c10::List<at::Tensor> list;
+      for (int k = 0; k < arity; ++k) list.push_back(make_return(plan.returns[next++], inst, make).toTensor());
+      stack->push_back(std::move(list));
+    }
+  }
+}
+
 void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs) {
   int device = inst.device >= 0 ? inst.device : 0;
   std::vector<runtime::BufferPtr> outputs;
   if (plan.exe) {
+    FlushReason reason("strict_op");  // a pending (fused) input is computed first
     std::vector<runtime::BufferPtr> params;
     params.reserve(plan.params.size());
     for (const ParamSource& p : plan.params) {
@@ -27,18 +82,13 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           params.push_back(device::ensure_buffer(*inst.storages[p.storage], p.dtype));
           break;
         case ParamSource::Rng: {
-          std::optional<at::Generator> gen;
-          for (const auto& v : args)
-            if (v.isGenerator()) gen = v.toGenerator();
-          auto key = device::next_rng_key(gen, device);
-          int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
+          auto key = rng_values(args, device);
+          int64_t host[2] = {key.first, key.second};
           params.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
           break;
         }
         case ParamSource::Scalars: {
-          std::vector<double> host;
-          for (const auto& s : inst.scalars)
-            if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
+          std::vector<double> host = scalar_values(plan, inst);
           int64_t n = static_cast<int64_t>(host.size());
           if (scalar_pack_dtype() == DType::F32) {
             std::vector<float> narrow(host.begin(), host.end());
@@ -49,9 +99,7 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           break;
         }
         case ParamSource::Offsets: {
-          std::vector<int64_t> host;
-          host.reserve(inst.slots.size());
-          for (const Slot& s : inst.slots) host.push_back(s.tensor.storage_offset());
+          std::vector<int64_t> host = offset_values(inst);
           params.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_S64,
                                                  {static_cast<int64_t>(host.size())}, device));
           break;
@@ -61,6 +109,9 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           break;
       }
     }
+    // A storage this op replaces while a fused trace still owes its value:
+    // the trace runs first, so its later result cannot overwrite this one.
+    for (const Write& w : plan.writes) settle(*inst.storages[w.storage]);
     outputs = rt().execute(*plan.exe, params, device);
     if (plan.check_output >= 0) rt().set_check_word(device, outputs[plan.check_output]);
     if (debug_mode()) {
@@ -81,36 +132,15 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
     sb->dtype = w.dtype;
   }
   torch::jit::drop(*stack, nargs);
-  auto make_return = [&](const ReturnPlan& rp) -> c10::IValue {
-    switch (rp.kind) {
-      case ReturnPlan::Undefined:
-        return at::Tensor();
-      case ReturnPlan::Constant:
-        return rp.constant;
-      case ReturnPlan::Aliased:
-        return inst.slots[rp.slot].tensor;
-      case ReturnPlan::Fresh:
-        return device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, outputs[rp.output]);
-      case ReturnPlan::HostScalar: {
-        at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
-        rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());
-        if (rp.type->kind() == c10::TypeKind::BoolType) return host.item<bool>();
-        if (rp.type->kind() == c10::TypeKind::IntType) return host.item<int64_t>();
-        return host.item<double>();
-      }
-    }
-    return c10::IValue();
-  };
-  size_t next = 0;
-  for (int arity : plan.return_arity) {
-    if (arity < 0) {
-      stack->push_back(make_return(plan.returns[next++]));
-    } else {
-      c10::List<at::Tensor> list;
-      for (int k = 0; k < arity; ++k) list.push_back(make_return(plan.returns[next++]).toTensor());
-      stack->push_back(std::move(list));
-    }
-  }
+  push_returns(plan, inst, stack, [&](const ReturnPlan& rp) -> c10::IValue {
+    if (rp.kind == ReturnPlan::Fresh)
+      return device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, outputs[rp.output]);
+    at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
+    rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());
+    if (rp.type->kind() == c10::TypeKind::BoolType) return host.item<bool>();
+    if (rp.type->kind() == c10::TypeKind::IntType) return host.item<int64_t>();
+    return host.item<double>();
+  });
 }
 
 }  // namespace torch_pjrt::eager

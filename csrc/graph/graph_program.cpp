@@ -12,6 +12,7 @@
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "eager/fused.h"
 #include "eager/op_instance.h"
 #include "eager/plan.h"
 #include "runtime/program_cache.h"
@@ -42,7 +43,7 @@ int GraphProgram::input_view(int input_index, const at::Tensor& t) {
   DType dt = device::to_dtype(t.scalar_type());
   // The element type ensure_buffer would give a storage never written, without
   // making it: lowering allocates nothing (readiness captures huge models so).
-  DType st = sb.buffer ? sb.dtype : sb.nbytes % lowering::itemsize(dt) == 0 ? dt : DType::U8;
+  DType st = sb.buffer || sb.pending >= 0 ? sb.dtype : sb.nbytes % lowering::itemsize(dt) == 0 ? dt : DType::U8;
   int64_t numel = static_cast<int64_t>(sb.nbytes) / lowering::itemsize(st);
   ParamSource src{ParamSource::Storage, input_index, {}, st};
   src.storage_numel = numel;
@@ -223,7 +224,10 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       if (t.device().type() != c10::DeviceType::PrivateUse1 || std::max<int>(t.device().index(), 0) != device)
         return std::nullopt;
       device::StorageBuffer& sb = device::storage_of(t);
-      if (!sb.buffer) device::ensure_buffer(sb, p.dtype);
+      if (!sb.buffer) {
+        eager::FlushReason reason("compiled_graph");
+        device::ensure_buffer(sb, p.dtype);  // also runs a fused trace that owes it
+      }
       lowering::StridedView v = eager::view_of(t);
       if (sb.dtype != p.dtype || sb.numel() != p.storage_numel || v.sizes != p.view.sizes ||
           v.strides != p.view.strides || (t.numel() > 0 && v.covers_whole(p.storage_numel) !=

@@ -66,8 +66,13 @@ class Builder {
   // empty, replace with the update.
   std::string scatter_region(DType dtype, const std::string& combine_op);
 
-  // Wraps everything emitted so far as `func.func @main` returning `results`.
+  // Wraps everything emitted so far as `func.func @main` returning `results`
+  // (after the functions added with add_function).
   std::string finish(const std::vector<Value>& results) const;
+  // Adds a private function (its text) to the module finish() makes; calls
+  // to it are `func.call` ops (fused eager composes op programs this way).
+  void add_function(const std::string& text) { functions_ += text; }
+  const std::vector<TensorType>& param_types() const { return params_; }
 
   std::string fresh();
 
@@ -75,6 +80,7 @@ class Builder {
   int next_ = 0;
   std::vector<TensorType> params_;
   std::string body_;
+  std::string functions_;
 };
 
 std::string i64_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"

@@ -10,6 +10,7 @@
 #include "device/lowering_routes.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "eager/fused.h"
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "python/graph_bindings.h"
@@ -53,6 +54,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("device_kind", [](int i) { return runtime::Runtime::get().device_kind(i); });
   m.def("synchronize", [](int device) {
     py::gil_scoped_release release;
+    eager::fused_flush("synchronize");
     runtime::Runtime::get().synchronize(device);
   });
   m.def("default_generator", [](int device) {
@@ -156,6 +158,21 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     py::dict fallbacks;
     for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
     d["cpu_fallbacks"] = fallbacks;
+    eager::FusedStats fs = eager::fused_stats();
+    d["fused_ops_recorded"] = fs.ops_recorded;
+    d["fused_flushes"] = fs.flushes;
+    py::dict reasons;
+    for (const auto& [why, n] : fs.flushes_by_reason) reasons[py::str(why)] = n;
+    d["fused_flushes_by_reason"] = reasons;
+    d["fused_ops_per_flush"] = fs.flushes ? static_cast<double>(fs.ops_recorded) / fs.flushes : 0.0;
+    d["fused_max_ops_per_flush"] = fs.max_ops_per_flush;
+    d["fused_programs_compiled"] = fs.programs_compiled;
+    d["fused_compile_seconds"] = fs.compile_seconds;
+    d["fused_cache_hits"] = fs.cache_hits;
+    d["fused_op_by_op_runs"] = fs.op_by_op_runs;
+    d["fused_compile_failures"] = fs.compile_failures;
+    d["fused_cache_size"] = fs.cache_size;
+    d["fused_dead_traces"] = fs.dead_traces;
     return d;
   });
   // Compiles MLIR text with the plugin and returns the number of outputs
@@ -164,6 +181,16 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     return runtime::Runtime::get().compile(text)->num_outputs();
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
+  m.def("fused_enter", &eager::fused_enter);
+  m.def("fused_leave", [] {
+    py::gil_scoped_release release;
+    eager::fused_leave();
+  });
+  m.def("fused_flush", [] {
+    py::gil_scoped_release release;
+    eager::fused_flush("explicit");
+  });
+  m.def("fused_active", &eager::fused_active);
   m.def("float_modes", &eager::float_modes);
   m.def("record_programs", &eager::record_programs);
   m.def("take_recorded_programs", &eager::take_recorded_programs);

@@ -1,0 +1,189 @@
+"""Fused eager against strict eager and PyTorch eager on CPU, in one run.
+
+Training (examples/models.py, the step ends with a host read of the loss):
+first step (compiles included), warm step = median of steps 6..N, programs
+compiled. Generation (examples/tiny_llama.py, greedy with a KV cache, a host
+read per token): warm per-token time (a second generation, everything
+compiled), and in fresh processes with no persistent cache the programs
+compiled and compile seconds after 10, 25, 50 and 100 tokens, for the
+doubling cache and for a cache that concatenates per token. Then strict
+eager's per-op launch cost against a PyTorch CPU kernel call.
+
+    python benchmarks/fused_eager.py [--steps N] [--tokens N] [--markdown]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import torch_pjrt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import models  # noqa: E402
+import tiny_llama  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from eager_training import per_op  # noqa: E402
+
+
+class Mode:
+    """cpu / strict (tpu) / fused (tpu) as a context."""
+
+    def __init__(self, name):
+        self.name = name
+        self.device = "cpu" if name == "cpu" else "tpu"
+
+    def __enter__(self):
+        if self.name == "fused":
+            torch_pjrt._state.C.fused_enter()
+
+    def __exit__(self, *exc):
+        if self.name == "fused":
+            torch_pjrt._state.C.fused_leave()
+
+
+MODES = ("cpu", "strict", "fused")
+
+
+def train_times(kind, mode, steps):
+    times, last = [], [time.perf_counter()]
+
+    def on_step(step, loss):
+        loss.item()
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    m0 = torch_pjrt.metrics()
+    with Mode(mode):
+        models.train(kind, Mode(mode).device, steps, on_step=on_step)
+    m1 = torch_pjrt.metrics()
+    return {"first": times[0], "warm": statistics.median(times[5:]),
+            "compiles": m1["xla_compiles"] - m0["xla_compiles"],
+            "fused_compiles": m1["fused_programs_compiled"] - m0["fused_programs_compiled"],
+            "flushes": m1["fused_flushes"] - m0["fused_flushes"],
+            "ops": m1["fused_ops_recorded"] - m0["fused_ops_recorded"]}
+
+
+def token_times(mode, tokens, cache):
+    model = tiny_llama.build().to(Mode(mode).device)
+    prompt = tiny_llama.prompt()
+    out = {}
+    with Mode(mode):
+        ref = tiny_llama.generate(model, prompt, tokens, cache=cache)  # compiles everything
+        stamps = []
+        tiny_llama.generate(model, prompt, tokens, cache=cache, on_token=lambda i: stamps.append(time.perf_counter()))
+    out["per_token"] = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+    out["tokens"] = ref[0, -tokens:].cpu().tolist()
+    return out
+
+
+def compile_growth(mode, tokens, cache):
+    """Programs compiled and compile seconds after 10/25/50/100 tokens, in a fresh process."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {os.path.join(ROOT, 'examples')!r})
+import torch, torch_pjrt, tiny_llama
+marks = {{10, 25, 50, {tokens}}}
+rows = {{}}
+def on_token(i):
+    if i + 1 in marks:
+        m = torch_pjrt.metrics()
+        rows[i + 1] = [m["xla_compiles"], m["compile_seconds"], m["fused_programs_compiled"]]
+model = tiny_llama.build().to("tpu")
+if {mode == 'fused'}:
+    with torch_pjrt.fused():
+        tiny_llama.generate(model, tiny_llama.prompt(), {tokens}, cache={cache!r}, on_token=on_token)
+else:
+    tiny_llama.generate(model, tiny_llama.prompt(), {tokens}, cache={cache!r}, on_token=on_token)
+print(json.dumps(rows))
+"""
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR="", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
+def table(head, rows, markdown):
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            print("| " + " | ".join(str(c) for c in r) + " |")
+    else:
+        print("  ".join(f"{h:>14}" for h in head))
+        for r in rows:
+            print("  ".join(f"{str(c):>14}" for c in r))
+    print()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--skip-growth", action="store_true", help="no fresh-process compile counts")
+    args = parser.parse_args()
+    info = torch_pjrt.plugin_info()
+    print(f"plugin '{info['name']}' ({info['platform']}), torch {torch.__version__}, {os.cpu_count()} CPU cores; "
+          f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens\n")
+
+    rows = []
+    for kind in ("mlp", "cnn", "gpt"):
+        r = {mode: train_times(kind, mode, args.steps) for mode in MODES}
+        c, s, f = r["cpu"]["warm"], r["strict"]["warm"], r["fused"]["warm"]
+        rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x", f"{c / f:.2f}x",
+                     f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
+                     r["fused"]["fused_compiles"], f"{r['fused']['ops'] / max(r['fused']['flushes'], 1):.0f}"])
+    table(["model", "cpu step (ms)", "strict step (ms)", "fused step (ms)", "fused vs strict", "fused vs cpu",
+           "strict 1st (ms)", "fused 1st (ms)", "fused programs", "ops/flush"], rows, args.markdown)
+
+    rows = []
+    ref = None
+    gen = {}
+    for mode in MODES:
+        gen[mode] = token_times(mode, args.tokens, "double")
+        ref = ref or gen[mode]["tokens"]
+    c = gen["cpu"]["per_token"]
+    for mode in MODES:
+        t = gen[mode]["per_token"]
+        rows.append([mode, f"{t * 1e3:.3f}", f"{c / t:.2f}x", "yes" if gen[mode]["tokens"] == ref else "NO"])
+    print(f"Greedy generation, tiny Llama (examples/tiny_llama.py), doubling KV cache, warm per token:")
+    table(["mode", "per token (ms)", "speed vs cpu", "same tokens as cpu"], rows, args.markdown)
+
+    if not args.skip_growth:
+        rows = []
+        for cache in ("double", "cat"):
+            for mode in ("strict", "fused"):
+                g = compile_growth(mode, args.tokens, cache)
+                rows.append([cache, mode] + [f"{g[n][0]} / {g[n][1]:.1f} s / {g[n][2]}" for n in sorted(g)])
+        marks = sorted(g)
+        print("Programs compiled / compile seconds / of which fused, fresh process, no persistent cache:")
+        table(["KV cache", "mode"] + [f"after {n} tokens" for n in marks], rows, args.markdown)
+
+    m0 = torch_pjrt.metrics()
+    train_times("gpt", "fused", args.steps)
+    m1 = torch_pjrt.metrics()
+    reasons = {k: v - m0["fused_flushes_by_reason"].get(k, 0) for k, v in m1["fused_flushes_by_reason"].items()}
+    print("metrics() of one fused GPT training run:",
+          {"flushes by reason": {k: v for k, v in reasons.items() if v},
+           "ops per flush": round((m1["fused_ops_recorded"] - m0["fused_ops_recorded"]) /
+                                  max(1, m1["fused_flushes"] - m0["fused_flushes"]), 1),
+           "fused programs compiled": m1["fused_programs_compiled"] - m0["fused_programs_compiled"],
+           "fused cache hits": m1["fused_cache_hits"] - m0["fused_cache_hits"],
+           "op-by-op runs": m1["fused_op_by_op_runs"] - m0["fused_op_by_op_runs"]})
+    print()
+    launched_c, _ = per_op("cpu")
+    launched_t, waited_t = per_op("tpu")
+    table(["device", "per-op launch (us)", "ratio to cpu"],
+          [["cpu", f"{launched_c * 1e6:.2f}", "1.00x"], ["tpu strict", f"{launched_t * 1e6:.2f}",
+                                                       f"{launched_t / launched_c:.2f}x"]], args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// Fused eager (TORCH_PJRT_EAGER=fused, torch_pjrt.fused()): ops are recorded
+// instead of launched; the recorded trace runs as one program when something
+// needs its values. See docs/ARCHITECTURE.md, "Fused eager".
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "device/storage.h"
+
+namespace torch_pjrt::eager {
+
+struct Plan;
+struct OpInstance;
+
+// Whether ops are recorded now (the environment's default, or a fused()
+// region open anywhere in the process; never in debug mode).
+bool fused_active();
+// fused() regions: enter adds one, leave removes one and runs the trace when
+// the last region closes.
+void fused_enter();
+void fused_leave();
+
+// Records one op call (its plan found or built) instead of running it.
+// False when the op cannot be recorded (a host scalar return): the caller
+// runs it strictly.
+bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::ArrayRef<c10::IValue> args,
+                  torch::jit::Stack* stack, size_t nargs);
+
+// Runs the pending trace now (nothing when there is none); `reason` is
+// counted in metrics (fused_flushes_by_reason).
+void fused_flush(const char* reason);
+// A storage whose value a pending trace still owes: runs the trace.
+inline void settle(device::StorageBuffer& sb) {
+  if (sb.pending >= 0) fused_flush(nullptr);
+}
+// A storage dies while the trace owes its value: the value never leaves.
+void fused_forget(device::StorageBuffer* sb);
+
+// Why the next implicit flush on this thread happens (host read, CPU
+// fallback, ...), for the scope of the guard.
+class FlushReason {
+ public:
+  explicit FlushReason(const char* why);
+  ~FlushReason();
+  static const char* current();
+
+ private:
+  const char* previous_;
+};
+
+struct FusedStats {
+  int64_t ops_recorded = 0, flushes = 0, op_by_op_runs = 0, programs_compiled = 0, cache_hits = 0,
+          compile_failures = 0, dead_traces = 0, max_ops_per_flush = 0, cache_size = 0;
+  double compile_seconds = 0;
+  std::map<std::string, int64_t> flushes_by_reason;
+};
+FusedStats fused_stats();
+
+}  // namespace torch_pjrt::eager

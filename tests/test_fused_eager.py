@@ -1,0 +1,268 @@
+"""Fused eager (torch_pjrt.fused(), TORCH_PJRT_EAGER=fused): recorded traces
+run as one program; results equal CPU (and strict eager), flushes happen where
+values are needed, a repeating trace compiles once, float scalars stay runtime
+inputs, errors name the op."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import assert_same, make, tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+def metrics():
+    torch_pjrt.fused_flush()
+    return torch_pjrt.metrics()
+
+
+def delta(m0, m1, key):
+    return m1[key] - m0[key]
+
+
+def chain(x, w, s=0.5):
+    y = torch.relu(x @ w + 1.0) * s
+    return y.sum(0) + x[3], torch.tanh(y).t().contiguous()
+
+
+def test_chain_equals_cpu_one_flush():
+    x, w = make((16, 16), seed=1), make((16, 16), seed=2)
+    xt, wt = tpu(x), tpu(w)
+    m0 = metrics()
+    with torch_pjrt.fused():
+        assert torch_pjrt.fused_active()
+        out = chain(xt, wt)
+    m1 = torch_pjrt.metrics()
+    assert delta(m0, m1, "fused_flushes") == 1
+    assert m1["fused_flushes_by_reason"]["region_end"] - m0["fused_flushes_by_reason"].get("region_end", 0) == 1
+    assert delta(m0, m1, "fused_ops_recorded") >= 8
+    assert_same(out, chain(x, w))
+
+
+def test_repeating_trace_compiles_once_float_scalars_runtime():
+    x, w = make((8, 8), seed=3), make((8, 8), seed=4)
+    xt, wt = tpu(x), tpu(w)
+    m0 = metrics()
+    for i in range(6):
+        s = 0.25 + i * 0.125  # another float scalar every time: a runtime input
+        with torch_pjrt.fused():
+            out = chain(xt, wt, s)
+        assert_same(out, chain(x, w, s))
+    m1 = torch_pjrt.metrics()
+    assert delta(m0, m1, "fused_programs_compiled") <= 1  # (the first sighting runs op by op)
+    assert delta(m0, m1, "fused_cache_hits") >= 4
+    assert delta(m0, m1, "fused_op_by_op_runs") <= 1
+
+
+def test_views_inplace_aliasing():
+    a = torch.zeros(6, 8)
+    at = tpu(a)
+    with torch_pjrt.fused():
+        v = at[2]
+        v.add_(3)
+        at[:, 1].mul_(2)
+        at += 1
+        t = at.t()
+        t[0, :3] = 7
+        d = at.diagonal()
+        d.mul_(-1)
+        b = at[1:4].clone()
+        at[1:4] += b
+    v = a[2]
+    v.add_(3)
+    a[:, 1].mul_(2)
+    a += 1
+    a.t()[0, :3] = 7
+    a.diagonal().mul_(-1)
+    b_ref = a[1:4].clone()
+    a[1:4] += b_ref
+    assert_same(at, a)
+    assert_same(v.cpu() if False else at[2], a[2])
+
+
+def test_reads_inside_region_see_recorded_values():
+    x = make((5, 5))
+    xt = tpu(x)
+    m0 = metrics()
+    with torch_pjrt.fused():
+        y = xt * 2 + 1
+        first = y.sum().item()  # a host read runs the trace
+        y.mul_(3)
+        z = y.cpu()
+    m1 = torch_pjrt.metrics()
+    assert first == pytest.approx((x * 2 + 1).sum().item(), rel=1e-6)
+    torch.testing.assert_close(z, (x * 2 + 1) * 3)
+    reasons = m1["fused_flushes_by_reason"]
+    assert reasons["host_read"] - m0["fused_flushes_by_reason"].get("host_read", 0) >= 2
+
+
+def test_data_dependent_and_fallback_flush():
+    x = make((6, 6))
+    xt = tpu(x)
+    with torch_pjrt.fused():
+        y = xt - 0.5
+        nz = torch.nonzero(y > 0)  # data-dependent shape: the trace runs first
+        r = y.sum(1)
+    assert_same(nz, torch.nonzero((x - 0.5) > 0))
+    assert_same(r, (x - 0.5).sum(1))
+
+
+def test_random_same_as_strict():
+    torch.manual_seed(7)
+    strict = (torch.rand(64, device="tpu") * 2, torch.nn.functional.dropout(torch.ones(64, device="tpu"), 0.5))
+    strict = [t.cpu() for t in strict]
+    torch.manual_seed(7)
+    with torch_pjrt.fused():
+        fused = (torch.rand(64, device="tpu") * 2, torch.nn.functional.dropout(torch.ones(64, device="tpu"), 0.5))
+    for f, s in zip(fused, strict):
+        assert torch.equal(f.cpu(), s)
+
+
+def test_training_matches_cpu_one_flush_per_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref.load_state_dict(model.state_dict())
+    model = model.to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    data = [(make((4, 8), seed=10 + i), make((4, 4), seed=20 + i)) for i in range(6)]
+    m0 = metrics()
+    for x, y in data:
+        with torch_pjrt.fused():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(tpu(x)), tpu(y))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            got = loss.item()
+        ropt.zero_grad()
+        rloss = torch.nn.functional.mse_loss(ref(x), y)
+        rloss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        ropt.step()
+        assert got == pytest.approx(rloss.item(), rel=1e-5, abs=1e-6)
+    m1 = torch_pjrt.metrics()
+    for p, rp in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), rp.detach(), rtol=1e-5, atol=1e-5)
+    # loss.item() and the region end: at most two flushes a step.
+    assert delta(m0, m1, "fused_flushes") <= 2 * len(data)
+    assert delta(m0, m1, "fused_programs_compiled") >= 1
+    assert m1["cpu_fallbacks"] == m0["cpu_fallbacks"]
+
+
+def test_autocast_in_region():
+    x, w = make((8, 8)), make((8, 8), seed=5)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        strict = (tpu(x) @ tpu(w)).cpu()
+    with torch_pjrt.fused(), torch.autocast("tpu", dtype=torch.bfloat16):
+        fused = tpu(x) @ tpu(w)
+    assert fused.dtype == torch.bfloat16
+    torch.testing.assert_close(fused.cpu(), strict, rtol=1.6e-2, atol=1e-2)
+
+
+def test_dead_values_never_leave():
+    x = tpu(torch.ones(256, 256))
+
+    def run():
+        with torch_pjrt.fused():
+            y = x
+            for _ in range(8):
+                y = y * 1.5 + 1  # every intermediate dies inside the trace
+        return y
+
+    run(), run()  # the first sighting runs op by op; the second compiles the trace
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    y = run()
+    torch.tpu.synchronize()
+    nbytes = 256 * 256 * 4
+    assert torch.tpu.memory_allocated() - base == nbytes  # only y
+    # Intermediates never existed as buffers (the slack: the runtime-scalar pack).
+    assert torch.tpu.max_memory_allocated() - base <= nbytes + 4096
+    expected = torch.ones(256, 256)
+    for _ in range(8):
+        expected = expected * 1.5 + 1
+    torch.testing.assert_close(y.cpu(), expected)
+
+
+def test_strict_write_over_pending_storage():
+    x = tpu(make((4, 4)))
+    with torch_pjrt.fused():
+        y = x * 2
+        y.copy_(torch.full((4, 4), 5.0))  # a host copy replaces the value the trace owes
+        z = y + 1
+    assert torch.equal(z.cpu(), torch.full((4, 4), 6.0))
+
+
+def test_index_error_names_op():
+    x = tpu(make((4, 3)))
+    idx = tpu(torch.tensor([0, 7]))
+    with pytest.raises(IndexError, match="index_select|index out of range"):
+        with torch_pjrt.fused():
+            y = torch.index_select(x, 0, idx) * 2
+            y.cpu()
+
+
+def test_shape_error_raises_at_the_op():
+    a, b = tpu(make((3, 4))), tpu(make((5, 6)))
+    with torch_pjrt.fused():
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied|size mismatch"):
+            a @ b
+
+
+def test_generation_kv_cache_bounded_compiles():
+    import tiny_llama
+
+    model_cpu = tiny_llama.build()
+    model = tiny_llama.build().to("tpu")
+    prompt = tiny_llama.prompt()
+    ref = tiny_llama.generate(model_cpu, prompt, 40)
+    marks = {}
+
+    def on_token(i):
+        marks[i + 1] = torch_pjrt.metrics()["xla_compiles"]
+
+    with torch_pjrt.fused():
+        out = tiny_llama.generate(model, prompt, 40, on_token=on_token)
+    assert torch.equal(out.cpu(), ref)
+    # Prompt 8 + tokens: positions 25..31 all fit the 32-position capacity:
+    # no new program while the cache does not grow.
+    assert marks[23] == marks[17]
+
+
+def test_env_setting_and_size_bound():
+    code = """
+import torch, torch_pjrt
+assert torch_pjrt.fused_active()
+x = torch.ones(4, device="tpu")
+for _ in range(25):
+    x = x + 1
+print(x.cpu()[0].item(), torch_pjrt.metrics()["fused_flushes_by_reason"].get("size_bound", 0))
+"""
+    env = dict(os.environ, TORCH_PJRT_EAGER="fused", TORCH_PJRT_FUSED_MAX_OPS="10", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    value, bounds = out.stdout.split()
+    assert float(value) == 26.0
+    assert int(bounds) >= 2
+
+
+def test_out_of_memory_in_trace_names_op():
+    limit = torch_pjrt.memory_limit()
+    x = tpu(torch.ones(64, 64))
+    torch.tpu.synchronize()
+    try:
+        torch_pjrt.set_memory_limit(torch.tpu.memory_allocated() + 64 * 64 * 4 * 3)
+        with pytest.raises(torch.OutOfMemoryError, match=r"aten::"):
+            with torch_pjrt.fused():
+                keep = [x * float(i) for i in range(10)]  # all stay alive: too many outputs
+                keep[0].cpu()
+    finally:
+        torch_pjrt.set_memory_limit(limit)
