@@ -68,11 +68,15 @@ def test_bad_eager_mode_is_rejected():
 def test_changing_float_scalars_do_not_recompile(metrics_delta):
     x, y = tpu(make((8,))), tpu(make((8,), seed=1))
     x.add(y, alpha=0.5) * 0.25  # compile once
-    before = metrics_delta()["xla_compiles"]
+    # (Fused eager may compile the repeating two-op trace once, too.)
+    op_programs = lambda d: d["xla_compiles"] - d["fused_programs_compiled"]  # noqa: E731
+    before = metrics_delta()
     for lr in (0.1, 0.01, 0.003, 1e-4):
         r = x.add(y, alpha=-lr) * lr
         assert_same(r, (x.cpu().add(y.cpu(), alpha=-lr)) * lr)
-    assert metrics_delta()["xla_compiles"] == before
+    after = metrics_delta()
+    assert op_programs(after) == op_programs(before)
+    assert after["fused_programs_compiled"] - before["fused_programs_compiled"] <= 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -91,6 +95,7 @@ def test_foreach_ops_match_cpu(dtype, metrics_delta):
     assert metrics_delta()["cpu_fallbacks"] == {}
 
 
+@pytest.mark.strict_eager
 def test_foreach_is_one_program_per_call(metrics_delta):
     ps = [tpu(make((4,))) for _ in range(6)]
     gs = [tpu(make((4,))) for _ in range(6)]

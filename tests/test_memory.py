@@ -40,6 +40,7 @@ def test_counts_from_first_write_and_frees():
     assert settled() == before
 
 
+@pytest.mark.strict_eager  # (fused eager never runs a trace whose results all died)
 def test_queued_work_holds_and_counts_its_buffers():
     # Results whose tensors die at once still occupy the device until their
     # executions finish: they are counted (held_by_queue_bytes) until then.

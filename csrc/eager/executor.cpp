@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -237,6 +238,39 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   if (has_complex && !complex_ops.count(base)) return false;
   return true;
 }
+
+// What an operator's calls share: its lowering and names, worked out once
+// per operator (no string building per call on the hot path).
+struct OpStatic {
+  std::string base, lookup_overload, display;
+  bool foreach = false;
+  const lowering::LoweringInfo* info = nullptr;
+  FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
+};
+
+OpStatic& op_static(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpStatic>> known;
+  const auto& schema = op.schema();
+  auto& slot = known[&schema];
+  if (slot) return *slot;
+  auto st = std::make_unique<OpStatic>();
+  const std::string& overload = schema.overload_name();
+  // In-place variants ("add_") reuse the functional lowering; the executor writes back.
+  st->base = strip_namespace(schema.name());
+  if (st->base.size() > 1 && st->base.back() == '_' && st->base.compare(0, 2, "__") != 0) st->base.pop_back();
+  st->lookup_overload = overload;
+  if (st->base.rfind("_foreach_", 0) == 0) {
+    st->foreach = true;
+    st->base = st->base.substr(9);
+    // _foreach_add.List -> add.Tensor; .Scalar/.ScalarList -> add.Scalar.
+    if (overload == "List") st->lookup_overload = "Tensor";
+    else if (overload == "ScalarList") st->lookup_overload = "Scalar";
+  }
+  st->display = op_display_name(schema);
+  st->info = lowering::find_lowering(st->base, st->lookup_overload);
+  slot = std::move(st);
+  return *slot;
+}
 }  // namespace
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -245,23 +279,14 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   size_t nargs = schema.arguments().size();
   auto args = torch::jit::last(*stack, nargs);
 
-  std::string name = strip_namespace(schema.name());
-  const std::string& overload = schema.overload_name();
-  // In-place variants ("add_") reuse the functional lowering; the executor writes back.
-  std::string base = name;
-  if (base.size() > 1 && base.back() == '_' && base.compare(0, 2, "__") != 0) base.pop_back();
+  OpStatic& st = op_static(op);
+  const std::string& base = st.base;
+  const std::string& lookup_overload = st.lookup_overload;
+  const std::string& display = st.display;
   OpInstance inst;
-  std::string lookup_overload = overload;
-  if (base.rfind("_foreach_", 0) == 0) {
-    inst.foreach = true;
-    base = base.substr(9);
-    // _foreach_add.List -> add.Tensor; .Scalar/.ScalarList -> add.Scalar.
-    if (overload == "List") lookup_overload = "Tensor";
-    else if (overload == "ScalarList") lookup_overload = "Scalar";
-  }
-  std::string display = op_display_name(schema);
+  inst.foreach = st.foreach;
   runtime::OpLabel label(display);
-  const lowering::LoweringInfo* info = lowering::find_lowering(base, lookup_overload);
+  const lowering::LoweringInfo* info = st.info;
   if (info && !lowering_handles_dtypes(base, args, schema)) info = nullptr;
   if (info) {
     // Lazy conj/neg bits reach here only on ops the Conjugate/Negative
@@ -290,10 +315,10 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (inst.device >= 0)
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));
 
-  FloatMode mode = float_mode(display);
+  if (st.mode == FloatMode::Unknown) st.mode = float_mode(display);
+  FloatMode mode = st.mode;
   bool runtime_floats = mode == FloatMode::Dynamic || mode == FloatMode::Validated;
-  const std::string& key = runtime_floats ? inst.key_dynamic : inst.key_static;
-  std::shared_ptr<Plan> plan = cache_find(key);
+  std::shared_ptr<Plan> plan = cache_find(runtime_floats ? inst.key : inst.static_key());
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     if (mode == FloatMode::Validated) {
@@ -325,7 +350,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     }
     plan->resizes = std::move(resizes);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
-    cache_put(dynamic ? inst.key_dynamic : inst.key_static, plan);
+    cache_put(dynamic ? inst.key : inst.static_key(), plan);
   }
   if (fused_active() && fused_record(plan, inst, args, stack, nargs)) return;
   run_plan(*plan, schema, inst, args, stack, nargs);

@@ -301,7 +301,7 @@ bool fused_active() { return (g_regions.load(std::memory_order_relaxed) > 0 || e
 void fused_enter() { g_regions.fetch_add(1); }
 
 void fused_leave() {
-  if (g_regions.fetch_sub(1) == 1 && !env_fused()) fused_flush("region_end");
+  if (g_regions.fetch_sub(1) == 1) fused_flush("region_end");
 }
 
 FlushReason::FlushReason(const char* why) : previous_(t_reason) { t_reason = why; }

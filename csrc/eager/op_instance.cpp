@@ -141,12 +141,12 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
       for (bool e : v.toBoolList()) inst.put(static_cast<char>(e));
     } else if (v.isDoubleList()) {
       inst.put('f');
-      for (double d : v.toDoubleVector()) inst.put_both(&d, sizeof(d));
+      for (double d : v.toDoubleVector()) inst.put_raw(&d, sizeof(d));
     } else if (is_scalar_list(v)) {
       inst.put('S');
       for (const auto& e : v.toListRef()) {
         if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
-        else if (e.isDouble()) { double d = e.toDouble(); inst.put_both(&d, sizeof(d)); }
+        else if (e.isDouble()) { double d = e.toDouble(); inst.put_raw(&d, sizeof(d)); }
         else inst.put(e.toInt());
       }
     } else if (v.isString()) {

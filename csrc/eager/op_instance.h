@@ -34,25 +34,30 @@ struct OpInstance {
   std::vector<device::StorageBuffer*> storages;  // distinct storages, in first-seen order
   int device = -1;
   bool foreach = false;    // _foreach_*: the element op, once per list index, in one program
-  std::string key_static;  // float arguments keyed by value
-  std::string key_dynamic; // float arguments as runtime inputs
+  // The cache key with float arguments as runtime inputs ('~' where each
+  // is); static_key() adds their values (keyed by value). One string is
+  // built per call, not two.
+  std::string key;
   std::vector<ScalarInput> scalars;
-
-  void put_both(const void* p, size_t n) {
-    key_static.append(static_cast<const char*>(p), n);
-    key_dynamic.append(static_cast<const char*>(p), n);
+  // (The same as `key` when there are no float arguments.)
+  std::string static_key() const {
+    std::string k = key;
+    for (const ScalarInput& s : scalars)
+      if (s.from_float_arg) k.append(reinterpret_cast<const char*>(&s.value), sizeof(s.value));
+    return k;
   }
-  void put(int64_t v) { put_both(&v, sizeof(v)); }
-  void put(char c) { put_both(&c, 1); }
+
+  void put_raw(const void* p, size_t n) { key.append(static_cast<const char*>(p), n); }
+  void put(int64_t v) { put_raw(&v, sizeof(v)); }
+  void put(char c) { put_raw(&c, 1); }
   void put(c10::IntArrayRef a) {
     put(static_cast<int64_t>(a.size()));
     for (auto v : a) put(v);
   }
-  void put(const std::string& s) { put_both(s.data(), s.size()); put('\0'); }
+  void put(const std::string& s) { put_raw(s.data(), s.size()); put('\0'); }
   // A float that is a runtime input in dynamic mode, part of the key otherwise.
   void put_float_arg(double d) {
-    key_static.append(reinterpret_cast<const char*>(&d), sizeof(d));
-    key_dynamic.push_back('~');
+    key.push_back('~');
     scalars.push_back(ScalarInput{d, true});
   }
 };
