@@ -266,3 +266,23 @@ def test_out_of_memory_in_trace_names_op():
                 keep[0].cpu()
     finally:
         torch_pjrt.set_memory_limit(limit)
+
+
+def test_error_names_python_line_when_recorded():
+    code = """
+import torch, torch_pjrt
+x = torch.ones(64, 64, device="tpu")
+torch.tpu.synchronize()
+torch_pjrt.set_memory_limit(torch.tpu.memory_allocated() + 64 * 64 * 4 * 3)
+try:
+    with torch_pjrt.fused():
+        keep = [x * float(i) for i in range(10)]  # THE_LINE
+        keep[0].cpu()
+except torch.OutOfMemoryError as e:
+    print("OOM", e)
+"""
+    env = dict(os.environ, TORCH_PJRT_FUSED_LINES="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "OOM" in out.stdout and "fused eager: aten::mul" in out.stdout, out.stdout
+    assert "<string>:8" in out.stdout, out.stdout  # the list comprehension's line

@@ -29,6 +29,7 @@
 #include "eager/env.h"
 #include "eager/executor.h"
 #include "eager/plan.h"
+#include "eager/python_line.h"
 #include "runtime/pjrt_runtime.h"
 
 namespace torch_pjrt::eager {
@@ -48,6 +49,7 @@ struct TraceOp {
   int32_t first_code;   // into Trace::codes (one per Storage parameter)
   int32_t first_value;  // value id of the plan's program output 0
   int32_t fpack_at, ipack_at;
+  PythonLine where;  // the Python line that called it
 };
 
 struct Trace {
@@ -99,6 +101,14 @@ int64_t env_int(const char* name, int64_t dflt) {
   return n;
 }
 
+// TORCH_PJRT_FUSED_LINES=1: the Python line of every recorded op, named when
+// a trace fails (about 1-2 us per op on this machine's CPU, so off by default:
+// errors name the op and its place in the trace).
+bool record_lines() {
+  static bool on = env_choice("TORCH_PJRT_FUSED_LINES", "0", {"0", "1"}) == "1";
+  return on;
+}
+
 size_t max_ops() {
   static size_t n = static_cast<size_t>(env_int("TORCH_PJRT_FUSED_MAX_OPS", 2048));
   return n;
@@ -137,9 +147,13 @@ runtime::BufferPtr i_buffer(const int64_t* v, int64_t n, int device) {
 }
 
 [[noreturn]] void rethrow_at(const TraceOp& op, size_t k, size_t n, const char* why) {
+  std::string line = describe(op.where);
   std::string where = "torch_pjrt: fused eager: " + op.plan->op_name + " failed (op " + std::to_string(k + 1) +
-                      " of " + std::to_string(n) + " in a trace run at " + why +
-                      "; TORCH_PJRT_EAGER=debug runs ops one by one and raises at the Python line)";
+                      " of " + std::to_string(n) + " in a trace run at " + why + ")" +
+                      (!record_lines() ? std::string("; TORCH_PJRT_FUSED_LINES=1 records each op's Python line")
+                       : line.empty()  ? std::string(", called with no Python frame (autograd's backward)")
+                                       : ", called at " + line) +
+                      "; TORCH_PJRT_EAGER=debug runs ops one by one and raises at the op";
   try {
     throw;
   } catch (c10::Error& e) {
@@ -320,7 +334,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   Trace& t = g_trace;
   t.device = device;
   TraceOp op{plan, static_cast<int32_t>(t.codes.size()), t.next_value, static_cast<int32_t>(t.fpack.size()),
-             static_cast<int32_t>(t.ipack.size())};
+             static_cast<int32_t>(t.ipack.size()), record_lines() ? current_python_line() : PythonLine{}};
   t.mix(static_cast<int64_t>(p.serial));
   for (const ParamSource& ps : p.params) {
     switch (ps.kind) {
