@@ -128,14 +128,22 @@ def main():
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--skip-growth", action="store_true", help="no fresh-process compile counts")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
     args = parser.parse_args()
     info = torch_pjrt.plugin_info()
     print(f"plugin '{info['name']}' ({info['platform']}), torch {torch.__version__}, {os.cpu_count()} CPU cores; "
-          f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens\n")
+          f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens; "
+          f"{args.repeats} alternating runs per mode, median of their medians\n")
 
     rows = []
     for kind in ("mlp", "cnn", "gpt"):
-        r = {mode: train_times(kind, mode, args.steps) for mode in MODES}
+        # Modes alternate, `repeats` times; each warm figure is the median over
+        # repeats of each run's median (this shared 2-core machine is noisy).
+        runs = {mode: [] for mode in MODES}
+        for _ in range(args.repeats):
+            for mode in MODES:
+                runs[mode].append(train_times(kind, mode, args.steps))
+        r = {mode: dict(runs[mode][0], warm=statistics.median(x["warm"] for x in runs[mode])) for mode in MODES}
         c, s, f = r["cpu"]["warm"], r["strict"]["warm"], r["fused"]["warm"]
         rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x", f"{c / f:.2f}x",
                      f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
@@ -146,9 +154,15 @@ def main():
     rows = []
     ref = None
     gen = {}
+    samples = {mode: [] for mode in MODES}
+    for _ in range(args.repeats):
+        for mode in MODES:
+            g = token_times(mode, args.tokens, "double")
+            samples[mode].append(g["per_token"])
+            gen[mode] = g
+            ref = ref or g["tokens"]
     for mode in MODES:
-        gen[mode] = token_times(mode, args.tokens, "double")
-        ref = ref or gen[mode]["tokens"]
+        gen[mode]["per_token"] = statistics.median(samples[mode])
     c = gen["cpu"]["per_token"]
     for mode in MODES:
         t = gen[mode]["per_token"]
