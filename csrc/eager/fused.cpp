@@ -164,25 +164,50 @@ runtime::BufferPtr i_buffer(const int64_t* v, int64_t n, int device) {
   }
 }
 
+// Walks one recorded op's program parameters in order: fn(kind, at, n, i)
+// with `at` the input code (Storage: a value id, or ~external index) or the
+// parameter's offset in its pack (n elements), and i the parameter index.
+template <typename Fn>
+void for_each_param(const Trace& t, const TraceOp& op, Fn&& fn) {
+  const Plan& p = *op.plan;
+  int32_t code = op.first_code, fa = op.fpack_at, ia = op.ipack_at;
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    int64_t n = p.param_types[i].shape.empty() ? 1 : p.param_types[i].shape[0];
+    ParamSource::Kind kind = p.params[i].kind;
+    switch (kind) {
+      case ParamSource::Storage:
+        fn(kind, t.codes[code++], n, i);
+        break;
+      case ParamSource::Scalars:
+        fn(kind, fa, n, i);
+        fa += n;
+        break;
+      case ParamSource::Offsets:
+      case ParamSource::Rng:
+        fn(kind, ia, n, i);
+        ia += n;
+        break;
+      case ParamSource::CheckWord:
+        fn(kind, 0, 0, i);
+        break;
+    }
+  }
+}
+
 // Each op's own program, in order: a trace seen for the first time (most
 // never repeat, and their op programs are compiled already), one whose fused
-// program did not compile, and the replay that finds a failing op.
-// Values are dropped after their last use (unless they leave the trace), so
-// the run holds no more than strict eager would.
+// program did not compile, and the replay that finds a failing op. Values are
+// dropped after their last use (unless they leave the trace), so the run
+// holds no more than strict eager would.
 void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const std::vector<int32_t>& outputs,
                   const char* why) {
   int device = t.device;
   runtime::BufferPtr word = t.checks ? rt().check_word(device) : nullptr;
   std::vector<int32_t> last_use(t.next_value, -1);
-  for (size_t k = 0; k < t.ops.size(); ++k) {
-    const TraceOp& op = t.ops[k];
-    int32_t code = op.first_code;
-    for (const ParamSource& ps : op.plan->params)
-      if (ps.kind == ParamSource::Storage) {
-        int32_t c = t.codes[code++];
-        if (c >= 0) last_use[c] = static_cast<int32_t>(k);
-      }
-  }
+  for (size_t k = 0; k < t.ops.size(); ++k)
+    for_each_param(t, t.ops[k], [&](ParamSource::Kind kind, int64_t at, int64_t, size_t) {
+      if (kind == ParamSource::Storage && at >= 0) last_use[at] = static_cast<int32_t>(k);
+    });
   for (int32_t v : outputs) last_use[v] = static_cast<int32_t>(t.ops.size());
   for (size_t k = 0; k < t.ops.size(); ++k) {
     const TraceOp& op = t.ops[k];
@@ -191,39 +216,30 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
       runtime::OpLabel label(p.op_name);
       std::vector<runtime::BufferPtr> params;
       params.reserve(p.params.size());
-      int32_t code = op.first_code, fa = op.fpack_at, ia = op.ipack_at;
-      for (size_t i = 0; i < p.params.size(); ++i) {
-        int64_t n = p.param_types[i].shape.empty() ? 1 : p.param_types[i].shape[0];
-        switch (p.params[i].kind) {
-          case ParamSource::Storage: {
-            int32_t c = t.codes[code++];
-            params.push_back(c >= 0 ? values[c] : t.externals[~c]);
+      for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t) {
+        switch (kind) {
+          case ParamSource::Storage:
+            params.push_back(at >= 0 ? values[at] : t.externals[~at]);
             break;
-          }
           case ParamSource::Scalars:
-            params.push_back(f_buffer(&t.fpack[fa], n, device));
-            fa += n;
+            params.push_back(f_buffer(&t.fpack[at], n, device));
             break;
           case ParamSource::Offsets:
           case ParamSource::Rng:
-            params.push_back(i_buffer(&t.ipack[ia], n, device));
-            ia += n;
+            params.push_back(i_buffer(&t.ipack[at], n, device));
             break;
           case ParamSource::CheckWord:
             params.push_back(word);
             break;
         }
-      }
+      });
       std::vector<runtime::BufferPtr> outs = rt().execute(*p.exe, params, device);
       for (size_t j = 0; j < outs.size(); ++j)
         if (last_use[op.first_value + j] > static_cast<int32_t>(k)) values[op.first_value + j] = outs[j];
       if (p.check_output >= 0) word = outs[p.check_output];
-      code = op.first_code;
-      for (const ParamSource& ps : p.params)
-        if (ps.kind == ParamSource::Storage) {
-          int32_t c = t.codes[code++];
-          if (c >= 0 && last_use[c] == static_cast<int32_t>(k)) values[c].reset();
-        }
+      for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t, size_t) {
+        if (kind == ParamSource::Storage && at >= 0 && last_use[at] == static_cast<int32_t>(k)) values[at].reset();
+      });
     } catch (...) {
       if (t.checks) rt().set_check_word(device, word);
       rethrow_at(op, k, t.ops.size(), why);
@@ -243,14 +259,10 @@ std::string private_function(const std::string& text, const std::string& name) {
 std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
   Builder b;
   std::vector<TensorType> ext_type(t.externals.size());
-  for (const TraceOp& op : t.ops) {
-    int32_t code = op.first_code;
-    for (size_t i = 0; i < op.plan->params.size(); ++i)
-      if (op.plan->params[i].kind == ParamSource::Storage) {
-        int32_t c = t.codes[code++];
-        if (c < 0) ext_type[~c] = op.plan->param_types[i];
-      }
-  }
+  for (const TraceOp& op : t.ops)
+    for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t, size_t i) {
+      if (kind == ParamSource::Storage && at < 0) ext_type[~at] = op.plan->param_types[i];
+    });
   std::vector<Value> ext;
   for (const TensorType& type : ext_type) ext.push_back(b.param(type));
   std::optional<Value> fpack, ipack, word;
@@ -264,29 +276,23 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
     std::string fn = "p" + std::to_string(p.serial);
     if (defined.insert(p.serial).second) b.add_function(private_function(p.text, fn));
     std::vector<Value> operands;
-    int32_t code = op.first_code, fa = op.fpack_at, ia = op.ipack_at;
-    for (size_t i = 0; i < p.params.size(); ++i) {
-      int64_t n = p.param_types[i].shape.empty() ? 1 : p.param_types[i].shape[0];
-      switch (p.params[i].kind) {
-        case ParamSource::Storage: {
-          int32_t c = t.codes[code++];
-          operands.push_back(c >= 0 ? *values[c] : ext[~c]);
+    for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t) {
+      switch (kind) {
+        case ParamSource::Storage:
+          operands.push_back(at >= 0 ? *values[at] : ext[~at]);
           break;
-        }
         case ParamSource::Scalars:
-          operands.push_back(b.slice(*fpack, {fa}, {fa + n}));
-          fa += n;
+          operands.push_back(b.slice(*fpack, {at}, {at + n}));
           break;
         case ParamSource::Offsets:
         case ParamSource::Rng:
-          operands.push_back(b.slice(*ipack, {ia}, {ia + n}));
-          ia += n;
+          operands.push_back(b.slice(*ipack, {at}, {at + n}));
           break;
         case ParamSource::CheckWord:
           operands.push_back(*word);
           break;
       }
-    }
+    });
     std::vector<Value> res = b.op_multi("func.call", operands, p.output_types, "callee = @" + fn);
     for (size_t j = 0; j < res.size(); ++j) values[op.first_value + j] = res[j];
     if (p.check_output >= 0) word = res[p.check_output];
