@@ -338,6 +338,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
       FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan);
       set_float_mode(display, learned);
+      st.mode = learned;
       if (learned == FloatMode::Static) {
         dynamic = false;
         plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
@@ -346,6 +347,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       // (A known-dynamic op whose lowering read a float after all.)
       dynamic = false;
       set_float_mode(display, FloatMode::Static);
+      st.mode = FloatMode::Static;  // (the per-operator copy too, else every call would miss)
       plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
     }
     plan->resizes = std::move(resizes);

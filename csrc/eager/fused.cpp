@@ -134,18 +134,6 @@ std::shared_ptr<Entry> find_or_add(const Trace& t) {
   return e;
 }
 
-runtime::BufferPtr f_buffer(const double* v, int64_t n, int device) {
-  if (scalar_pack_dtype() == DType::F32) {
-    std::vector<float> narrow(v, v + n);
-    return rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
-  }
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_F64, {n}, device);
-}
-
-runtime::BufferPtr i_buffer(const int64_t* v, int64_t n, int device) {
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_S64, {n}, device);
-}
-
 [[noreturn]] void rethrow_at(const TraceOp& op, size_t k, size_t n, const char* why) {
   std::string line = describe(op.where);
   std::string where = "torch_pjrt: fused eager: " + op.plan->op_name + " failed (op " + std::to_string(k + 1) +
@@ -222,11 +210,11 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
             params.push_back(at >= 0 ? values[at] : t.externals[~at]);
             break;
           case ParamSource::Scalars:
-            params.push_back(f_buffer(&t.fpack[at], n, device));
+            params.push_back(scalar_pack_buffer(&t.fpack[at], n, device));
             break;
           case ParamSource::Offsets:
           case ParamSource::Rng:
-            params.push_back(i_buffer(&t.ipack[at], n, device));
+            params.push_back(s64_buffer(&t.ipack[at], n, device));
             break;
           case ParamSource::CheckWord:
             params.push_back(word);
@@ -305,8 +293,8 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
 
 std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs) {
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
-  if (!t.fpack.empty()) params.push_back(f_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
-  if (!t.ipack.empty()) params.push_back(i_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
+  if (!t.fpack.empty()) params.push_back(scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
+  if (!t.ipack.empty()) params.push_back(s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   if (t.checks) params.push_back(rt().check_word(t.device));
   std::vector<runtime::BufferPtr> outs = rt().execute(*e.exe, params, t.device);
   if (t.checks) rt().set_check_word(t.device, outs.at(n_outputs));

@@ -79,6 +79,10 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
 std::vector<double> scalar_values(const Plan& plan, const OpInstance& inst);
 std::vector<int64_t> offset_values(const OpInstance& inst);
 std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int device);
+// Device vectors of runtime scalars (scalar_pack_dtype) and of s64 values
+// (offsets, random keys): what strict and fused launches pass.
+runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device);
+runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device);
 // The result of one schema return from the plan; `fresh` makes Fresh ones.
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
                         const std::function<c10::IValue(const ReturnPlan&)>& fresh);

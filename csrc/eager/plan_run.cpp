@@ -38,6 +38,18 @@ std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int devi
   return {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
 }
 
+runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device) {
+  if (scalar_pack_dtype() == DType::F32) {
+    std::vector<float> narrow(v, v + n);
+    return rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
+  }
+  return rt().buffer_from_host(v, PJRT_Buffer_Type_F64, {n}, device);
+}
+
+runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device) {
+  return rt().buffer_from_host(v, PJRT_Buffer_Type_S64, {n}, device);
+}
+
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
                         const std::function<c10::IValue(const ReturnPlan&)>& fresh) {
   switch (rp.kind) {
@@ -84,24 +96,17 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
         case ParamSource::Rng: {
           auto key = rng_values(args, device);
           int64_t host[2] = {key.first, key.second};
-          params.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
+          params.push_back(s64_buffer(host, 2, device));
           break;
         }
         case ParamSource::Scalars: {
           std::vector<double> host = scalar_values(plan, inst);
-          int64_t n = static_cast<int64_t>(host.size());
-          if (scalar_pack_dtype() == DType::F32) {
-            std::vector<float> narrow(host.begin(), host.end());
-            params.push_back(rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device));
-          } else {
-            params.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_F64, {n}, device));
-          }
+          params.push_back(scalar_pack_buffer(host.data(), static_cast<int64_t>(host.size()), device));
           break;
         }
         case ParamSource::Offsets: {
           std::vector<int64_t> host = offset_values(inst);
-          params.push_back(rt().buffer_from_host(host.data(), PJRT_Buffer_Type_S64,
-                                                 {static_cast<int64_t>(host.size())}, device));
+          params.push_back(s64_buffer(host.data(), static_cast<int64_t>(host.size()), device));
           break;
         }
         case ParamSource::CheckWord:
