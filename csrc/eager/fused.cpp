@@ -57,12 +57,17 @@ struct Trace {
   std::vector<TraceOp> ops;
   std::vector<int32_t> codes;  // >= 0: a value id; < 0: ~(external index)
   std::vector<runtime::BufferPtr> externals;
+  std::vector<const TensorType*> external_types;  // as the first op read it (plan-owned)
   std::unordered_map<const runtime::Buffer*, int32_t> external_index;
   std::vector<double> fpack;   // runtime scalars of every op, in order
   std::vector<int64_t> ipack;  // storage offsets and random keys, in order
   int32_t next_value = 0;
   bool checks = false;
   std::vector<StorageBuffer*> written;  // storages the trace owes (null: died)
+  std::vector<const TensorType*> written_types;  // the type of each one's latest value
+  // (external index, written slot): a storage whose old buffer, an input
+  // here, the trace overwrites; it may be donated to the storage's new value.
+  std::vector<std::pair<int32_t, int32_t>> overwritten;
   // The structure (what the fused program depends on), built as ops are
   // recorded: plan serials and input codes, then the values that leave.
   std::vector<int64_t> structure;
@@ -76,6 +81,7 @@ struct Trace {
 struct Entry {
   std::vector<int64_t> structure;
   runtime::ExecutablePtr exe;
+  std::vector<std::pair<int32_t, int32_t>> aliases;  // (external, output) donated when safe
   int seen = 0;
   bool failed = false;  // the fused program did not compile: op by op
 };
@@ -244,7 +250,8 @@ std::string private_function(const std::string& text, const std::string& name) {
 }
 
 // The fused program: the op programs as private functions, called in order.
-std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
+std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
+                       const std::vector<std::pair<int32_t, int32_t>>& aliases) {
   Builder b;
   std::vector<TensorType> ext_type(t.externals.size());
   for (const TraceOp& op : t.ops)
@@ -253,6 +260,7 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
     });
   std::vector<Value> ext;
   for (const TensorType& type : ext_type) ext.push_back(b.param(type));
+  for (const auto& [x, out] : aliases) b.alias(static_cast<size_t>(x), static_cast<size_t>(out));
   std::optional<Value> fpack, ipack, word;
   if (!t.fpack.empty()) fpack = b.param(TensorType{scalar_pack_dtype(), {static_cast<int64_t>(t.fpack.size())}});
   if (!t.ipack.empty()) ipack = b.param(TensorType{DType::I64, {static_cast<int64_t>(t.ipack.size())}});
@@ -291,12 +299,26 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs) {
   return b.finish(outs);
 }
 
+// Each aliased input is donated when the trace holds its only reference (no
+// tensor, other storage or queued execution still reads that buffer);
+// otherwise XLA gives that output a buffer of its own.
 std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs) {
+  std::vector<int64_t> donated, kept;
+  if (!e.aliases.empty()) {
+    rt().release_finished(t.device);  // finished executions let go of their arguments and outputs
+    for (const auto& [x, out] : e.aliases) {
+      const runtime::BufferPtr& buf = t.externals[x];
+      (buf.use_count() == 1 && !buf->donated() ? donated : kept).push_back(x);
+    }
+  }
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
   if (!t.fpack.empty()) params.push_back(scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
   if (!t.ipack.empty()) params.push_back(s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   if (t.checks) params.push_back(rt().check_word(t.device));
-  std::vector<runtime::BufferPtr> outs = rt().execute(*e.exe, params, t.device);
+  for (int64_t x : donated) g_stats.donated_bytes += t.externals[x]->bytes();
+  std::vector<runtime::BufferPtr> outs = rt().execute(*e.exe, params, t.device, donated, kept);
+  g_stats.donated_buffers += static_cast<int64_t>(donated.size());
+  g_stats.not_donated_buffers += static_cast<int64_t>(kept.size());
   if (t.checks) rt().set_check_word(t.device, outs.at(n_outputs));
   outs.resize(n_outputs);
   return outs;
@@ -330,7 +352,8 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   TraceOp op{plan, static_cast<int32_t>(t.codes.size()), t.next_value, static_cast<int32_t>(t.fpack.size()),
              static_cast<int32_t>(t.ipack.size()), record_lines() ? current_python_line() : PythonLine{}};
   t.mix(static_cast<int64_t>(p.serial));
-  for (const ParamSource& ps : p.params) {
+  for (size_t pi = 0; pi < p.params.size(); ++pi) {
+    const ParamSource& ps = p.params[pi];
     switch (ps.kind) {
       case ParamSource::Storage: {
         StorageBuffer* sb = inst.storages[ps.storage];
@@ -340,7 +363,10 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
         } else {
           const runtime::BufferPtr& buf = device::ensure_buffer(*sb, ps.dtype);
           auto [it, fresh] = t.external_index.emplace(buf.get(), static_cast<int32_t>(t.externals.size()));
-          if (fresh) t.externals.push_back(buf);
+          if (fresh) {
+            t.externals.push_back(buf);
+            t.external_types.push_back(&p.param_types[pi]);
+          }
           code = ~it->second;
         }
         t.codes.push_back(code);
@@ -369,18 +395,24 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
     }
   }
   t.next_value += static_cast<int32_t>(p.output_types.size());
-  auto owe = [&](StorageBuffer* sb, int32_t value) {
-    sb->buffer.reset();  // the old value, where this op reads it, is an external input
-    sb->pending = value;
+  auto owe = [&](StorageBuffer* sb, int32_t output) {
     if (sb->pending_slot < 0) {
       sb->pending_slot = static_cast<int32_t>(t.written.size());
       t.written.push_back(sb);
+      t.written_types.push_back(nullptr);
     }
+    if (sb->buffer) {  // the old value: an external input where this op (or an earlier one) reads it
+      auto it = t.external_index.find(sb->buffer.get());
+      if (it != t.external_index.end()) t.overwritten.emplace_back(it->second, sb->pending_slot);
+      sb->buffer.reset();
+    }
+    sb->pending = op.first_value + output;
+    t.written_types[sb->pending_slot] = &p.output_types[output];
   };
   for (const Write& w : p.writes) {
     StorageBuffer* sb = inst.storages[w.storage];
     sb->dtype = w.dtype;
-    owe(sb, op.first_value + w.output);
+    owe(sb, w.output);
   }
   t.ops.push_back(op);
   g_stats.ops_recorded++;
@@ -388,7 +420,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   push_returns(p, inst, stack, [&](const ReturnPlan& rp) -> c10::IValue {
     at::Tensor r = device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, nullptr);
     StorageBuffer& sb = device::storage_of(r);
-    if (sb.nbytes > 0) owe(&sb, op.first_value + rp.output);
+    if (sb.nbytes > 0) owe(&sb, rp.output);
     return r;
   });
   return true;
@@ -428,6 +460,26 @@ void fused_flush(const char* reason) {
     g_stats.dead_traces++;
     return;
   }
+  // Inputs the trace overwrites whose storage's new value leaves with the
+  // same type: the fused program aliases them (donation, in run_fused).
+  std::vector<std::pair<int32_t, int32_t>> aliases;
+  if (!t.overwritten.empty()) {
+    std::unordered_map<int32_t, int32_t> output_of_slot;
+    for (size_t i = 0; i < live.size(); ++i) output_of_slot[live[i].second->pending_slot] = static_cast<int32_t>(i);
+    std::vector<char> input_used(t.externals.size(), 0), output_used(live.size(), 0);
+    for (const auto& [x, slot] : t.overwritten) {
+      auto it = output_of_slot.find(slot);
+      if (it == output_of_slot.end() || input_used[x] || output_used[it->second]) continue;
+      if (*t.external_types[x] != *t.written_types[slot]) continue;
+      input_used[x] = output_used[it->second] = 1;
+      aliases.emplace_back(x, it->second);
+    }
+    t.mix(-2);
+    for (const auto& [x, out] : aliases) {
+      t.mix(x);
+      t.mix(out);
+    }
+  }
   // Storages keep their marks until here, so one that dies on another thread
   // meanwhile waits in fused_forget for this flush to finish.
   auto assign = [&](const std::vector<runtime::BufferPtr>& results) {
@@ -444,7 +496,9 @@ void fused_flush(const char* reason) {
     // Seen before: this trace repeats, so its fused program pays off.
     auto start = std::chrono::steady_clock::now();
     try {
-      e->exe = compile_program(fused_text(t, outputs), "fused eager trace of " + std::to_string(t.ops.size()) + " ops");
+      e->exe = compile_program(fused_text(t, outputs, aliases),
+                               "fused eager trace of " + std::to_string(t.ops.size()) + " ops");
+      e->aliases = aliases;
       g_stats.programs_compiled++;
     } catch (const std::exception& err) {
       e->failed = true;

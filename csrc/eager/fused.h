@@ -55,6 +55,9 @@ class FlushReason {
 struct FusedStats {
   int64_t ops_recorded = 0, flushes = 0, op_by_op_runs = 0, programs_compiled = 0, cache_hits = 0,
           compile_failures = 0, dead_traces = 0, max_ops_per_flush = 0, cache_size = 0;
+  // Overwritten inputs donated to the fused program (their memory reused for
+  // the new value), and those kept because something else still held them.
+  int64_t donated_buffers = 0, not_donated_buffers = 0, donated_bytes = 0;
   double compile_seconds = 0;
   std::map<std::string, int64_t> flushes_by_reason;
 };

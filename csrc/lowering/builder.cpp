@@ -373,8 +373,11 @@ Value Builder::scatter_elements(const Value& x, const Value& indices, const Valu
 
 std::string Builder::finish(const std::vector<Value>& results) const {
   std::string s = "module @torch_pjrt {\n" + functions_ + "  func.func public @main(";
-  for (size_t i = 0; i < params_.size(); ++i)
+  for (size_t i = 0; i < params_.size(); ++i) {
     s += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + params_[i].str();
+    for (const auto& [param, result] : aliases_)
+      if (param == i) s += " {tf.aliasing_output = " + std::to_string(result) + " : i32}";
+  }
   s += ") -> (" + types_of(results) + ") {\n" + body_;
   s += "    \"func.return\"(" + ids_of(results) + ") : (" + types_of(results) + ") -> ()\n  }\n}\n";
   return s;

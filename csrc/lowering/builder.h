@@ -73,12 +73,16 @@ class Builder {
   // to it are `func.call` ops (fused eager composes op programs this way).
   void add_function(const std::string& text) { functions_ += text; }
   const std::vector<TensorType>& param_types() const { return params_; }
+  // Parameter `param` may share its buffer with result `result` (the
+  // tf.aliasing_output attribute: a donated input becomes that output).
+  void alias(size_t param, size_t result) { aliases_.emplace_back(param, result); }
 
   std::string fresh();
 
  private:
   int next_ = 0;
   std::vector<TensorType> params_;
+  std::vector<std::pair<size_t, size_t>> aliases_;
   std::string body_;
   std::string functions_;
 };

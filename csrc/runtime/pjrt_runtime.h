@@ -61,10 +61,15 @@ class Buffer {
   PJRT_Buffer* get() const { return buffer_; }
   int device_index() const { return device_index_; }
   int64_t bytes() const { return bytes_; }
+  // Given to an execution as an aliased (donated) input: its memory now
+  // belongs to that execution's output, so it no longer counts here.
+  void mark_donated();
+  bool donated() const { return donated_; }
 
  private:
   const PJRT_Api* api_;
   PJRT_Buffer* buffer_;
+  bool donated_ = false;
   int device_index_;
   int64_t bytes_;
 };
@@ -202,7 +207,12 @@ class Runtime {
   // seen complete. Waits first when `device` has max_inflight() executions
   // queued, and raises OutOfMemory when the outputs do not fit the limit
   // even after the queue drained.
-  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<BufferPtr>& args, int device);
+  // Inputs the program aliases to outputs (tf.aliasing_output) are donated
+  // unless listed in `not_donated` (another owner still reads them); those in
+  // `donated` are marked so (Buffer::mark_donated) once the launch succeeds.
+  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+                                 const std::vector<int64_t>& donated = {},
+                                 const std::vector<int64_t>& not_donated = {});
   // Waits for every execution launched so far on `device` (-1: all devices),
   // then reports failed value checks (report_checks).
   void synchronize(int device);

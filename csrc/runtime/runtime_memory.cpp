@@ -80,10 +80,17 @@ Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64
 
 Buffer::~Buffer() {
   if (in_forked_child()) return;  // the parent's plugin state: leave it
-  account(device_index_, bytes_, false);
+  if (!donated_) account(device_index_, bytes_, false);
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   discard(api_, api_->PJRT_Buffer_Destroy(&args));
+}
+
+void Buffer::mark_donated() {
+  if (donated_) return;
+  account(device_index_, bytes_, false);  // the buffer is gone (it lives on as the output)
+  bytes_ = 0;
+  donated_ = true;
 }
 
 int64_t live_bytes(int device) { return device >= 0 && device < kMaxDevices ? g_live[device].load() : 0; }

@@ -11,10 +11,16 @@
 
 namespace torch_pjrt::runtime {
 
-std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<BufferPtr>& args, int device) {
+std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+                                        const std::vector<int64_t>& donated,
+                                        const std::vector<int64_t>& not_donated) {
   check_device(device);
-  ensure_fits(device, exe.total_output_bytes(), "the program");
+  int64_t reused = 0;  // donated inputs' memory becomes outputs' memory
+  for (int64_t i : donated) reused += args[i]->bytes();
+  ensure_fits(device, exe.total_output_bytes() - reused, "the program");
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
+  options.non_donatable_input_indices = not_donated.data();
+  options.num_non_donatable_input_indices = not_donated.size();
   std::vector<PJRT_Buffer*> arg_list(args.size());
   for (size_t i = 0; i < args.size(); ++i) arg_list[i] = args[i]->get();
   std::vector<PJRT_Buffer*> outputs(exe.num_outputs(), nullptr);
@@ -32,6 +38,7 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   ex.execute_device = devices_[device];
   check(api_->PJRT_LoadedExecutable_Execute(&ex), "execute");
   metrics().executions++;
+  for (int64_t i : donated) args[i]->mark_donated();
   std::vector<BufferPtr> result;
   result.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i)
