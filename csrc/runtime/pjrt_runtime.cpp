@@ -263,6 +263,9 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
     rt->cache_->disable("plugin '" + name + "' cannot serialize executables");
   size_t n = rt->devices_.size();
   rt->pending_.resize(n);
+  rt->launched_.assign(n, 0);
+  rt->awaited_.reset(new std::atomic<int64_t>[n]);
+  for (size_t d = 0; d < n; ++d) rt->awaited_[d] = 0;
   rt->check_words_.resize(n);
   rt->check_dirty_.assign(n, false);
   rt->max_inflight_ = configured_max_inflight();

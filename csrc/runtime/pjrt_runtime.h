@@ -167,6 +167,7 @@ class DeviceEvent {
   mutable std::condition_variable cv_;
   int remaining_ = 0;
   int64_t time_ns_ = 0;
+  int64_t serial_ = 0;  // executions launched on the device when recorded
 };
 using DeviceEventPtr = std::shared_ptr<DeviceEvent>;
 
@@ -220,6 +221,9 @@ class Runtime {
   DeviceEventPtr record_event(int device);
   // Whether every execution launched so far on `device` has completed.
   bool idle(int device);
+  // Executions launched on `device` up to this count are known complete (a
+  // synchronize or drain awaited them); completion callbacks may come later.
+  int64_t awaited(int device) const { return awaited_[device].load(); }
   // Lets go at once of what finished executions still hold (empty_cache);
   // -1: all devices. Never waits.
   void release_finished(int device);
@@ -268,7 +272,10 @@ class Runtime {
   void retire(Pending& p, bool wait);
   void retire_ready_locked(int device);
   void drain(int device);
-  std::vector<std::deque<Pending>> take_pending(int device);
+  // The queues of `device` (-1: all), with each one's launch count: once
+  // they are awaited, mark_awaited(counts) says so.
+  std::vector<std::deque<Pending>> take_pending(int device, std::vector<std::pair<int, int64_t>>* counts = nullptr);
+  void mark_awaited(const std::vector<std::pair<int, int64_t>>& counts);
   int64_t held_by_queue(int device);
   void read_plugin_memory(int device, MemoryStats* stats);
   int64_t query_total_memory(int device);
@@ -286,6 +293,8 @@ class Runtime {
   std::unique_ptr<PersistentCache> cache_;
   std::mutex pending_mutex_;
   std::vector<std::deque<Pending>> pending_;  // per device, oldest first
+  std::vector<int64_t> launched_;             // per device, under pending_mutex_
+  std::unique_ptr<std::atomic<int64_t>[]> awaited_;
   std::atomic<int> max_inflight_{64};
   std::unique_ptr<std::atomic<int64_t>[]> limits_;  // per device, 0: none
   std::vector<int64_t> totals_;  // per device, 0: unknown

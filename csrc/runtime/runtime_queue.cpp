@@ -48,6 +48,7 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   std::lock_guard<std::mutex> lock(pending_mutex_);
   auto& queue = pending_[device];
   queue.push_back(std::move(p));
+  launched_[device]++;
   retire_ready_locked(device);
   int bound = max_inflight_.load();
   if (static_cast<int>(queue.size()) > bound) {
@@ -97,17 +98,32 @@ void Runtime::retire_ready_locked(int device) {
   }
 }
 
-std::vector<std::deque<Runtime::Pending>> Runtime::take_pending(int device) {
+std::vector<std::deque<Runtime::Pending>> Runtime::take_pending(int device,
+                                                                std::vector<std::pair<int, int64_t>>* counts) {
   std::vector<std::deque<Pending>> taken;
   std::lock_guard<std::mutex> lock(pending_mutex_);
   for (size_t d = 0; d < pending_.size(); ++d)
-    if (device < 0 || static_cast<int>(d) == device) taken.push_back(std::move(pending_[d])), pending_[d].clear();
+    if (device < 0 || static_cast<int>(d) == device) {
+      taken.push_back(std::move(pending_[d]));
+      pending_[d].clear();
+      if (counts) counts->emplace_back(static_cast<int>(d), launched_[d]);
+    }
   return taken;
 }
 
+void Runtime::mark_awaited(const std::vector<std::pair<int, int64_t>>& counts) {
+  for (const auto& [d, n] : counts) {
+    int64_t seen = awaited_[d].load();
+    while (seen < n && !awaited_[d].compare_exchange_weak(seen, n)) {
+    }
+  }
+}
+
 void Runtime::drain(int device) {
-  for (auto& queue : take_pending(device))
+  std::vector<std::pair<int, int64_t>> counts;
+  for (auto& queue : take_pending(device, &counts))
     for (auto& p : queue) retire(p, true);
+  mark_awaited(counts);
 }
 
 int64_t Runtime::held_by_queue(int device) {
@@ -129,7 +145,8 @@ int64_t Runtime::held_by_queue(int device) {
 void Runtime::synchronize(int device) {
   metrics().host_waits++;
   std::string first_error;
-  for (auto& queue : take_pending(device)) {
+  std::vector<std::pair<int, int64_t>> counts;
+  for (auto& queue : take_pending(device, &counts)) {
     for (auto& p : queue) {
       PJRT_Event* ev = p.event;
       p.event = nullptr;
@@ -141,6 +158,7 @@ void Runtime::synchronize(int device) {
       }
     }
   }
+  mark_awaited(counts);
   if (!first_error.empty()) raise(ErrorKind::Runtime, first_error);
   report_checks(device);
 }
@@ -173,12 +191,17 @@ void on_execution_ready(PJRT_Error* error, void* arg) {
 
 }  // namespace
 
+// Complete when every awaited execution's callback came, or when a
+// synchronize already awaited them (its callbacks may run a little later on
+// the plugin's threads).
 bool DeviceEvent::ready() const {
+  if (Runtime::get().awaited(device_) >= serial_) return true;
   std::lock_guard<std::mutex> lock(mutex_);
   return remaining_ == 0;
 }
 
 void DeviceEvent::wait() const {
+  if (Runtime::get().awaited(device_) >= serial_) return;
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [this] { return remaining_ == 0; });
 }
@@ -203,6 +226,7 @@ DeviceEventPtr Runtime::record_event(int device) {
   // Every queued execution, not only the newest: a plugin may run
   // independent programs of one device concurrently. The queue lock keeps
   // the events alive while callbacks are registered (retire destroys them).
+  event->serial_ = launched_[device];
   std::vector<PJRT_Event*> waits;
   for (const auto& p : pending_[device])
     if (p.event) waits.push_back(p.event);
