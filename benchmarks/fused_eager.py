@@ -53,18 +53,31 @@ MODES = ("cpu", "strict", "fused")
 
 def train_times(kind, mode, steps):
     times, last = [], [time.perf_counter()]
+    on_tpu = mode != "cpu"
+    peaks, base = [], [0]  # device memory a step adds at its peak over what it started with
 
     def on_step(step, loss):
         loss.item()
         now = time.perf_counter()
         times.append(now - last[0])
         last[0] = now
+        if on_tpu:
+            torch.tpu.synchronize()
+            peaks.append(torch.tpu.max_memory_allocated() - base[0])
+            base[0] = torch.tpu.memory_allocated()
+            torch.tpu.reset_peak_memory_stats()
 
     m0 = torch_pjrt.metrics()
+    if on_tpu:
+        torch.tpu.synchronize()
+        base[0] = torch.tpu.memory_allocated()
+        torch.tpu.reset_peak_memory_stats()
     with Mode(mode):
         models.train(kind, Mode(mode).device, steps, on_step=on_step)
     m1 = torch_pjrt.metrics()
     return {"first": times[0], "warm": statistics.median(times[5:]),
+            "step_peak": statistics.median(peaks[5:]) if on_tpu else 0,
+            "donated": m1["fused_donated_bytes"] - m0["fused_donated_bytes"],
             "compiles": m1["xla_compiles"] - m0["xla_compiles"],
             "fused_compiles": m1["fused_programs_compiled"] - m0["fused_programs_compiled"],
             "flushes": m1["fused_flushes"] - m0["fused_flushes"],
@@ -135,7 +148,7 @@ def main():
           f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens; "
           f"{args.repeats} alternating runs per mode, median of their medians\n")
 
-    rows = []
+    rows, mem = [], []
     for kind in ("mlp", "cnn", "gpt"):
         # Modes alternate, `repeats` times; each warm figure is the median over
         # repeats of each run's median (this shared 2-core machine is noisy).
@@ -148,8 +161,15 @@ def main():
         rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x", f"{c / f:.2f}x",
                      f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
                      r["fused"]["fused_compiles"], f"{r['fused']['ops'] / max(r['fused']['flushes'], 1):.0f}"])
+        mem.append([kind, f"{sum(q.numel() * q.element_size() for q in models.build(kind).parameters()) / 2**10:.0f}", f"{r['strict']['step_peak'] / 2**10:.0f}",
+                    f"{r['fused']['step_peak'] / 2**10:.0f}",
+                    f"{r['fused']['donated'] / max(args.steps - 2, 1) / 2**10:.0f}"])
     table(["model", "cpu step (ms)", "strict step (ms)", "fused step (ms)", "fused vs strict", "fused vs cpu",
            "strict 1st (ms)", "fused 1st (ms)", "fused programs", "ops/flush"], rows, args.markdown)
+    print("Device memory a warm training step adds at its peak (median of steps 6..N) over what it started with; "
+          "fused donates the parameters and optimizer state it overwrites:")
+    table(["model", "parameters (KiB)", "strict step peak (KiB)", "fused step peak (KiB)",
+           "fused donated per step (KiB)"], mem, args.markdown)
 
     rows = []
     ref = None

@@ -3,13 +3,19 @@
 # the core test files again with fused eager on (TORCH_PJRT_EAGER=fused: the
 # same tests, ops recorded and run as traces). Arguments go to the first
 # pytest run only and skip the fused one (e.g. `bash scripts/test.sh -x`).
+# Test files are spread over worker processes (pytest-xdist, whole files per
+# worker): TORCH_PJRT_TEST_WORKERS, default the CPU count up to 4; 1: none.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 PY="$ROOT/.venv/bin/python"
-"$PY" -m pytest tests -q -p no:cacheprovider "$@"
+cores="$(nproc)"
+WORKERS="${TORCH_PJRT_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+PAR=()
+[ "$WORKERS" -le 1 ] || PAR=(-n "$WORKERS" --dist loadfile)
+"$PY" -m pytest tests -q -p no:cacheprovider "${PAR[@]}" "$@"
 [ "$#" -eq 0 ] || exit 0
 # Core files: views, autograd, ops, training, random, memory, threads, generation.
 FUSED_FILES=(
@@ -22,4 +28,4 @@ FUSED_FILES=(
   tests/test_pointwise_ternary.py tests/test_fallback.py tests/test_device_checks.py tests/test_fused_eager.py
 )
 echo "== the core test files again, fused eager (TORCH_PJRT_EAGER=fused) =="
-TORCH_PJRT_EAGER=fused "$PY" -m pytest "${FUSED_FILES[@]}" -q -p no:cacheprovider
+TORCH_PJRT_EAGER=fused "$PY" -m pytest "${FUSED_FILES[@]}" -q -p no:cacheprovider "${PAR[@]}"
