@@ -161,7 +161,7 @@ def main():
         rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x", f"{c / f:.2f}x",
                      f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
                      r["fused"]["fused_compiles"], f"{r['fused']['ops'] / max(r['fused']['flushes'], 1):.0f}"])
-        mem.append([kind, f"{sum(q.numel() * q.element_size() for q in models.build(kind).parameters()) / 2**10:.0f}", f"{r['strict']['step_peak'] / 2**10:.0f}",
+        mem.append([kind, f"{sum(q.numel() * q.element_size() for q in models.build(kind)[0].parameters()) / 2**10:.0f}", f"{r['strict']['step_peak'] / 2**10:.0f}",
                     f"{r['fused']['step_peak'] / 2**10:.0f}",
                     f"{r['fused']['donated'] / max(args.steps - 2, 1) / 2**10:.0f}"])
     table(["model", "cpu step (ms)", "strict step (ms)", "fused step (ms)", "fused vs strict", "fused vs cpu",
