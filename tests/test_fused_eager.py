@@ -343,3 +343,44 @@ except torch.OutOfMemoryError as e:
     assert out.returncode == 0, out.stderr
     assert "OOM" in out.stdout and "fused eager: aten::mul" in out.stdout, out.stdout
     assert "<string>:8" in out.stdout, out.stdout  # the list comprehension's line
+
+
+def test_compiled_training_step_in_a_region_is_one_program():
+    # torch.compile(backend="tpu") makes the step several graphs (forward,
+    # backward, optimizer; graph breaks between them); inside fused() each
+    # graph's program is one step of the trace, so from the second sighting
+    # the whole step is one execution, parameters and optimizer state donated.
+    def build(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(device)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    ref, ropt = build("cpu")
+    model, opt = build("tpu")
+    compiled = torch.compile(step, backend="tpu")
+    per_step = []
+    for i in range(5):
+        x, y = make((4, 8), seed=40 + i), make((4, 4), seed=50 + i)
+        xt, yt = tpu(x), tpu(y)
+        m0 = metrics()
+        with torch_pjrt.fused():
+            loss = compiled(model, opt, xt, yt)
+        got = loss.item()
+        m1 = torch_pjrt.metrics()
+        per_step.append({k: delta(m0, m1, k) for k in ("executions", "fused_flushes", "fused_programs_recorded",
+                                                        "fused_donated_buffers")})
+        assert got == pytest.approx(step(ref, ropt, x, y).item(), rel=1e-5, abs=1e-6)
+    for p, rp in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), rp.detach(), rtol=1e-5, atol=1e-5)
+    for s in per_step[2:]:  # steps 0-1: compiles, first sighting op by op
+        assert s["executions"] == 1 and s["fused_flushes"] == 1, per_step
+        assert s["fused_programs_recorded"] >= 3, per_step  # forward, backward, optimizer
+        assert s["fused_donated_buffers"] >= 12, per_step  # 4 parameters, exp_avg, exp_avg_sq

@@ -210,7 +210,7 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
       runtime::OpLabel label(p.op_name);
       std::vector<runtime::BufferPtr> params;
       params.reserve(p.params.size());
-      for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t) {
+      for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t i) {
         switch (kind) {
           case ParamSource::Storage:
             params.push_back(at >= 0 ? values[at] : t.externals[~at]);
@@ -220,7 +220,10 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
             break;
           case ParamSource::Offsets:
           case ParamSource::Rng:
-            params.push_back(s64_buffer(&t.ipack[at], n, device));
+            // (a compiled graph's view offset is a 0-d s64)
+            params.push_back(p.param_types[i].shape.empty()
+                                 ? rt().buffer_from_host(&t.ipack[at], PJRT_Buffer_Type_S64, {}, device)
+                                 : s64_buffer(&t.ipack[at], n, device));
             break;
           case ParamSource::CheckWord:
             params.push_back(word);
@@ -272,7 +275,7 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
     std::string fn = "p" + std::to_string(p.serial);
     if (defined.insert(p.serial).second) b.add_function(private_function(p.text, fn));
     std::vector<Value> operands;
-    for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t) {
+    for_each_param(t, op, [&](ParamSource::Kind kind, int64_t at, int64_t n, size_t i) {
       switch (kind) {
         case ParamSource::Storage:
           operands.push_back(at >= 0 ? *values[at] : ext[~at]);
@@ -281,9 +284,11 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
           operands.push_back(b.slice(*fpack, {at}, {at + n}));
           break;
         case ParamSource::Offsets:
-        case ParamSource::Rng:
-          operands.push_back(b.slice(*ipack, {at}, {at + n}));
+        case ParamSource::Rng: {
+          Value v = b.slice(*ipack, {at}, {at + n});
+          operands.push_back(p.param_types[i].shape.empty() ? b.reshape(v, {}) : v);
           break;
+        }
         case ParamSource::CheckWord:
           operands.push_back(*word);
           break;
@@ -338,6 +343,104 @@ FlushReason::FlushReason(const char* why) : previous_(t_reason) { t_reason = why
 FlushReason::~FlushReason() { t_reason = previous_; }
 const char* FlushReason::current() { return t_reason ? t_reason : "read"; }
 
+namespace {
+
+// The trace (flushed first when it is on another device or full) and a new
+// op of it for `plan`.
+TraceOp begin_op(const std::shared_ptr<Plan>& plan, int device) {
+  if (!g_trace.ops.empty() && g_trace.device != device) fused_flush("device");
+  if (g_trace.ops.size() >= max_ops()) fused_flush("size_bound");
+  Trace& t = g_trace;
+  t.device = device;
+  t.mix(static_cast<int64_t>(plan->serial));
+  return TraceOp{plan, static_cast<int32_t>(t.codes.size()), t.next_value, static_cast<int32_t>(t.fpack.size()),
+                 static_cast<int32_t>(t.ipack.size()), record_lines() ? current_python_line() : PythonLine{}};
+}
+
+// The input code of a buffer that exists now (an external input of the trace).
+int32_t external_code(Trace& t, const runtime::BufferPtr& buf, const TensorType* type) {
+  auto [it, fresh] = t.external_index.emplace(buf.get(), static_cast<int32_t>(t.externals.size()));
+  if (fresh) {
+    t.externals.push_back(buf);
+    t.external_types.push_back(type);
+  }
+  return ~it->second;
+}
+
+// The input code of a storage read as parameter `pi` of the op's plan.
+int32_t storage_code(Trace& t, StorageBuffer* sb, DType dtype, const Plan& p, size_t pi) {
+  int32_t code = sb->pending >= 0 ? sb->pending.load()
+                                  : external_code(t, device::ensure_buffer(*sb, dtype), &p.param_types[pi]);
+  t.codes.push_back(code);
+  t.mix(code);
+  return code;
+}
+
+// `sb` now holds the op's program output `output` (not yet computed).
+void owe(Trace& t, const TraceOp& op, StorageBuffer* sb, int output) {
+  if (sb->pending_slot < 0) {
+    sb->pending_slot = static_cast<int32_t>(t.written.size());
+    t.written.push_back(sb);
+    t.written_types.push_back(nullptr);
+  }
+  if (sb->buffer) {  // the old value: an external input where this op (or an earlier one) reads it
+    auto it = t.external_index.find(sb->buffer.get());
+    if (it != t.external_index.end()) t.overwritten.emplace_back(it->second, sb->pending_slot);
+    sb->buffer.reset();
+  }
+  sb->pending = op.first_value + output;
+  t.written_types[sb->pending_slot] = &op.plan->output_types[output];
+}
+
+void end_op(Trace& t, const TraceOp& op) {
+  t.next_value += static_cast<int32_t>(op.plan->output_types.size());
+  t.ops.push_back(op);
+}
+
+}  // namespace
+
+void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const std::vector<ProgramInput>& inputs,
+                          const std::vector<int64_t>& ivalues,
+                          const std::vector<std::pair<StorageBuffer*, int>>& writes) {
+  const Plan& p = *plan;
+  TraceOp op = begin_op(plan, device);
+  Trace& t = g_trace;
+  size_t next_input = 0, next_ivalue = 0;
+  for (size_t pi = 0; pi < p.params.size(); ++pi) {
+    switch (p.params[pi].kind) {
+      case ParamSource::Storage: {
+        const ProgramInput& in = inputs.at(next_input++);
+        if (in.storage) {
+          storage_code(t, in.storage, in.dtype, p, pi);
+        } else {
+          int32_t code = external_code(t, in.buffer, &p.param_types[pi]);
+          t.codes.push_back(code);
+          t.mix(code);
+        }
+        break;
+      }
+      case ParamSource::Offsets:
+      case ParamSource::Rng: {
+        int64_t n = p.param_types[pi].shape.empty() ? 1 : p.param_types[pi].shape[0];
+        for (int64_t k = 0; k < n; ++k) t.ipack.push_back(ivalues.at(next_ivalue++));
+        break;
+      }
+      case ParamSource::CheckWord:
+        t.checks = true;
+        break;
+      case ParamSource::Scalars:
+        TORCH_CHECK(false, "torch_pjrt: fused eager: a program with runtime scalars cannot be recorded");
+    }
+  }
+  for (const auto& [sb, output] : writes) {
+    sb->dtype = p.output_types.at(output).dtype;
+    owe(t, op, sb, output);
+  }
+  end_op(t, op);
+  g_stats.ops_recorded++;
+  g_stats.programs_recorded++;
+}
+
 bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::ArrayRef<c10::IValue> args,
                   torch::jit::Stack* stack, size_t nargs) {
   const Plan& p = *plan;
@@ -345,32 +448,13 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   for (const ReturnPlan& r : p.returns)
     if (r.kind == ReturnPlan::HostScalar) return false;  // the caller needs the value now
   int device = inst.device >= 0 ? inst.device : 0;
-  if (!g_trace.ops.empty() && g_trace.device != device) fused_flush("device");
-  if (g_trace.ops.size() >= max_ops()) fused_flush("size_bound");
+  TraceOp op = begin_op(plan, device);
   Trace& t = g_trace;
-  t.device = device;
-  TraceOp op{plan, static_cast<int32_t>(t.codes.size()), t.next_value, static_cast<int32_t>(t.fpack.size()),
-             static_cast<int32_t>(t.ipack.size()), record_lines() ? current_python_line() : PythonLine{}};
-  t.mix(static_cast<int64_t>(p.serial));
   for (size_t pi = 0; pi < p.params.size(); ++pi) {
     const ParamSource& ps = p.params[pi];
     switch (ps.kind) {
       case ParamSource::Storage: {
-        StorageBuffer* sb = inst.storages[ps.storage];
-        int32_t code;
-        if (sb->pending >= 0) {
-          code = sb->pending;
-        } else {
-          const runtime::BufferPtr& buf = device::ensure_buffer(*sb, ps.dtype);
-          auto [it, fresh] = t.external_index.emplace(buf.get(), static_cast<int32_t>(t.externals.size()));
-          if (fresh) {
-            t.externals.push_back(buf);
-            t.external_types.push_back(&p.param_types[pi]);
-          }
-          code = ~it->second;
-        }
-        t.codes.push_back(code);
-        t.mix(code);
+        storage_code(t, inst.storages[ps.storage], ps.dtype, p, pi);
         break;
       }
       case ParamSource::Rng: {
@@ -394,33 +478,18 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
         break;
     }
   }
-  t.next_value += static_cast<int32_t>(p.output_types.size());
-  auto owe = [&](StorageBuffer* sb, int32_t output) {
-    if (sb->pending_slot < 0) {
-      sb->pending_slot = static_cast<int32_t>(t.written.size());
-      t.written.push_back(sb);
-      t.written_types.push_back(nullptr);
-    }
-    if (sb->buffer) {  // the old value: an external input where this op (or an earlier one) reads it
-      auto it = t.external_index.find(sb->buffer.get());
-      if (it != t.external_index.end()) t.overwritten.emplace_back(it->second, sb->pending_slot);
-      sb->buffer.reset();
-    }
-    sb->pending = op.first_value + output;
-    t.written_types[sb->pending_slot] = &p.output_types[output];
-  };
   for (const Write& w : p.writes) {
     StorageBuffer* sb = inst.storages[w.storage];
     sb->dtype = w.dtype;
-    owe(sb, w.output);
+    owe(t, op, sb, w.output);
   }
-  t.ops.push_back(op);
+  end_op(t, op);
   g_stats.ops_recorded++;
   torch::jit::drop(*stack, nargs);
   push_returns(p, inst, stack, [&](const ReturnPlan& rp) -> c10::IValue {
     at::Tensor r = device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, nullptr);
     StorageBuffer& sb = device::storage_of(r);
-    if (sb.nbytes > 0) owe(&sb, rp.output);
+    if (sb.nbytes > 0) owe(t, op, &sb, rp.output);
     return r;
   });
   return true;

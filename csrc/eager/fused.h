@@ -10,6 +10,8 @@
 #include <string>
 
 #include "device/storage.h"
+#include "lowering/types.h"
+#include "runtime/pjrt_runtime.h"
 
 namespace torch_pjrt::eager {
 
@@ -29,6 +31,21 @@ void fused_leave();
 // runs it strictly.
 bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::ArrayRef<c10::IValue> args,
                   torch::jit::Stack* stack, size_t nargs);
+
+// A whole program (a compiled graph's) as one step of the trace. `inputs`:
+// per Storage parameter of the plan, in order, a storage (its buffer or the
+// value the trace owes it) or, with no storage, a buffer made for this call
+// (CPU inputs uploaded); `ivalues`: the Offsets and Rng parameters' values in
+// order; `writes`: storages that receive a program output (mutated inputs,
+// fresh results). The caller holds the device lock.
+struct ProgramInput {
+  device::StorageBuffer* storage = nullptr;
+  std::shared_ptr<runtime::Buffer> buffer;
+  lowering::DType dtype = lowering::DType::F32;
+};
+void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const std::vector<ProgramInput>& inputs,
+                          const std::vector<int64_t>& ivalues,
+                          const std::vector<std::pair<device::StorageBuffer*, int>>& writes);
 
 // Runs the pending trace now (nothing when there is none); `reason` is
 // counted in metrics (fused_flushes_by_reason).
@@ -58,6 +75,7 @@ struct FusedStats {
   // Overwritten inputs donated to the fused program (their memory reused for
   // the new value), and those kept because something else still held them.
   int64_t donated_buffers = 0, not_donated_buffers = 0, donated_bytes = 0;
+  int64_t programs_recorded = 0;  // compiled graphs recorded as one step of a trace
   double compile_seconds = 0;
   std::map<std::string, int64_t> flushes_by_reason;
 };

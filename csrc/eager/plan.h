@@ -102,5 +102,7 @@ int register_check(const std::string& op, const lowering::LoweringContext::Check
 // the foreach op are also passed under the element op's names.
 const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_aliases();
 lowering::DType scalar_pack_dtype();
+// A new Plan::serial (unique in the process).
+uint64_t next_plan_serial();
 
 }  // namespace torch_pjrt::eager

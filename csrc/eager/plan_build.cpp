@@ -550,10 +550,14 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     plan->param_types = b.param_types();
     for (const Value& v : program_outputs) plan->output_types.push_back(v.type);
   }
-  static std::atomic<uint64_t> next_serial{1};
-  plan->serial = next_serial.fetch_add(1);
+  plan->serial = next_plan_serial();
   plan->op_name = op_display_name(schema);
   return plan;
+}
+
+uint64_t next_plan_serial() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
 }
 
 }  // namespace torch_pjrt::eager

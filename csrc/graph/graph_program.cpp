@@ -170,7 +170,37 @@ std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vec
     check_output_ = static_cast<int>(flat.size());
     flat.push_back(lowering::fold_checks(b_, word, checks_));
   }
+  output_types_.clear();
+  for (const Value& v : flat) output_types_.push_back(v.type);
   return b_.finish(flat);
+}
+
+void prepare_fused(CompiledGraph& g, const GraphProgram& prog, const std::string& text, const std::string& name) {
+  auto plan = std::make_shared<eager::Plan>();
+  plan->text = text;
+  plan->param_types = prog.param_types();
+  plan->output_types = prog.output_types();
+  plan->check_output = g.check_output;
+  plan->serial = eager::next_plan_serial();
+  plan->op_name = "compiled graph '" + name + "'";
+  for (const ParamSource& p : g.params) {
+    eager::ParamSource e{eager::ParamSource::Storage};
+    switch (p.kind) {
+      case ParamSource::Offset:
+        e.kind = eager::ParamSource::Offsets;
+        break;
+      case ParamSource::Rng:
+        e.kind = eager::ParamSource::Rng;
+        break;
+      case ParamSource::CheckWord:
+        e.kind = eager::ParamSource::CheckWord;
+        break;
+      default:  // Input, Storage, CpuPack: a buffer
+        break;
+    }
+    plan->params.push_back(e);
+  }
+  if (plan->params.size() == plan->param_types.size()) g.fused_plan = std::move(plan);
 }
 
 void make_resident(CompiledGraph& g, runtime::ExecutablePtr exe) {
@@ -209,6 +239,104 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
   return host;
 }
 
+bool same_geometry(const ParamSource& p, const device::StorageBuffer& sb, const at::Tensor& t) {
+  lowering::StridedView v = eager::view_of(t);
+  return sb.dtype == p.dtype && sb.numel() == p.storage_numel && v.sizes == p.view.sizes &&
+         v.strides == p.view.strides &&
+         (t.numel() == 0 || v.covers_whole(p.storage_numel) == p.view.covers_whole(p.storage_numel));
+}
+
+bool on_device(const at::Tensor& t, int device) {
+  return t.device().type() == c10::DeviceType::PrivateUse1 && std::max<int>(t.device().index(), 0) == device;
+}
+
+// A tpu tensor passed whole as a dense program input: its storage's buffer.
+bool whole_storage(const at::Tensor& t) {
+  device::StorageBuffer& sb = device::storage_of(t);
+  DType dt = device::to_dtype(t.scalar_type());
+  return covers_storage(t) && (sb.buffer || sb.pending >= 0 ? sb.dtype == dt : true) &&
+         static_cast<int64_t>(sb.nbytes) == t.numel() * lowering::itemsize(dt);
+}
+
+enum class Recorded { Yes, No, OtherGeometry };
+
+// Fused eager: the graph's program becomes one step of the trace, its
+// results owed by it, when every input and result can be named without a
+// host value (no CPU results or mutated CPU inputs, dense inputs whole).
+Recorded record(const CompiledGraph& g, const runtime::ExecutablePtr& exe, const std::vector<at::Tensor>& inputs,
+                int device, std::vector<at::Tensor>* results) {
+  for (const OutputSpec& o : g.outputs)
+    if (o.on_cpu) return Recorded::No;
+  for (const auto& [input, output] : g.mutations)
+    if (!on_device(inputs.at(input), device) || !covers_storage(inputs.at(input))) return Recorded::No;
+  for (const ParamSource& p : g.params) {
+    if (p.kind == ParamSource::Storage) {
+      const at::Tensor& t = inputs.at(p.input);
+      if (!on_device(t, device)) return Recorded::OtherGeometry;
+      device::StorageBuffer& sb = device::storage_of(t);
+      if (!sb.buffer && sb.pending < 0) device::ensure_buffer(sb, p.dtype);
+      if (!same_geometry(p, sb, t)) return Recorded::OtherGeometry;
+    } else if (p.kind == ParamSource::Input) {
+      const at::Tensor& t = inputs.at(p.input);
+      if (t.device().type() == c10::DeviceType::PrivateUse1 && (!on_device(t, device) || !whole_storage(t)))
+        return Recorded::No;
+    }
+  }
+  std::vector<eager::ProgramInput> ins;
+  std::vector<int64_t> ivalues;
+  for (const ParamSource& p : g.params) {
+    switch (p.kind) {
+      case ParamSource::Storage:
+        ins.push_back({&device::storage_of(inputs.at(p.input)), nullptr, p.dtype});
+        break;
+      case ParamSource::Input: {
+        const at::Tensor& t = inputs.at(p.input);
+        if (t.device().type() == c10::DeviceType::PrivateUse1) {
+          ins.push_back({&device::storage_of(t), nullptr, device::to_dtype(t.scalar_type())});
+        } else {
+          TORCH_CHECK(t.device().is_cpu(), "torch_pjrt: compiled graph input ", p.input, " is on ", t.device(),
+                      "; a tpu graph takes tpu tensors (and CPU scalars)");
+          ins.push_back({nullptr, upload(t, device), device::to_dtype(t.scalar_type())});
+        }
+        break;
+      }
+      case ParamSource::CpuPack: {
+        std::vector<at::Tensor> parts;
+        for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
+        ins.push_back({nullptr, upload(at::cat(parts), device), p.dtype});
+        break;
+      }
+      case ParamSource::Offset:
+        ivalues.push_back(inputs.at(p.input).storage_offset());
+        break;
+      case ParamSource::Rng: {
+        auto key = device::next_rng_key(std::nullopt, device);
+        ivalues.push_back(static_cast<int64_t>(key.first));
+        ivalues.push_back(static_cast<int64_t>(key.second));
+        break;
+      }
+      case ParamSource::CheckWord:
+        break;
+    }
+  }
+  std::vector<std::pair<device::StorageBuffer*, int>> writes;
+  for (const auto& [input, output] : g.mutations) writes.emplace_back(&device::storage_of(inputs.at(input)), output);
+  results->reserve(g.outputs.size());
+  for (const OutputSpec& o : g.outputs) {
+    std::vector<int64_t> strides = o.strides;
+    if (strides.empty()) {
+      auto cs = c10::contiguous_strides(o.sizes);
+      strides.assign(cs.begin(), cs.end());
+    }
+    results->push_back(device::wrap_buffer(o.sizes, strides, device::to_scalar_type(o.dtype), device, nullptr));
+    device::StorageBuffer& sb = device::storage_of(results->back());
+    if (sb.nbytes > 0) writes.emplace_back(&sb, o.program_output);
+  }
+  g.fused_plan->exe = exe;  // (the cache may evict and reload it)
+  eager::fused_record_program(g.fused_plan, device, ins, ivalues, writes);
+  return Recorded::Yes;
+}
+
 }  // namespace
 
 std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::vector<at::Tensor>& inputs) {
@@ -216,23 +344,24 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
   auto exe = std::static_pointer_cast<runtime::Executable>(runtime::ProgramCache::get().find(g.cache_key));
   if (!exe) return std::nullopt;  // evicted
   int device = graph_device(inputs, g.device);
+  if (g.fused_plan && eager::fused_active()) {
+    std::vector<at::Tensor> results;
+    Recorded r = record(g, exe, inputs, device, &results);
+    if (r == Recorded::Yes) return results;
+    if (r == Recorded::OtherGeometry) return std::nullopt;
+  }
   auto& rt = runtime::Runtime::get();
   std::vector<runtime::BufferPtr> keep;
   for (const ParamSource& p : g.params) {
     if (p.kind == ParamSource::Storage) {
       const at::Tensor& t = inputs.at(p.input);
-      if (t.device().type() != c10::DeviceType::PrivateUse1 || std::max<int>(t.device().index(), 0) != device)
-        return std::nullopt;
+      if (!on_device(t, device)) return std::nullopt;
       device::StorageBuffer& sb = device::storage_of(t);
       if (!sb.buffer) {
         eager::FlushReason reason("compiled_graph");
         device::ensure_buffer(sb, p.dtype);  // also runs a fused trace that owes it
       }
-      lowering::StridedView v = eager::view_of(t);
-      if (sb.dtype != p.dtype || sb.numel() != p.storage_numel || v.sizes != p.view.sizes ||
-          v.strides != p.view.strides || (t.numel() > 0 && v.covers_whole(p.storage_numel) !=
-                                                                p.view.covers_whole(p.storage_numel)))
-        return std::nullopt;
+      if (!same_geometry(p, sb, t)) return std::nullopt;
       keep.push_back(sb.buffer);
     } else if (p.kind == ParamSource::Offset) {
       int64_t offset = inputs.at(p.input).storage_offset();

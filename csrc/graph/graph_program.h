@@ -16,6 +16,10 @@
 #include "lowering/strided_access.h"
 #include "runtime/pjrt_runtime.h"
 
+namespace torch_pjrt::eager {
+struct Plan;
+}
+
 namespace torch_pjrt::graph {
 
 // Where a program parameter comes from at run time.
@@ -76,6 +80,8 @@ class GraphProgram {
   std::string finish(const std::vector<int>& outputs, const std::vector<std::vector<int64_t>>& strides);
   const std::vector<ParamSource>& params() const { return params_; }
   int check_output() const { return check_output_; }
+  const std::vector<lowering::TensorType>& output_types() const { return output_types_; }
+  const std::vector<lowering::TensorType>& param_types() const { return b_.param_types(); }
 
  private:
   lowering::Builder b_;
@@ -83,6 +89,7 @@ class GraphProgram {
   std::vector<ParamSource> params_;
   std::vector<std::pair<lowering::Value, int>> checks_;  // (ok, registered code)
   int check_output_ = -1;
+  std::vector<lowering::TensorType> output_types_;
 };
 
 // A compiled whole-graph program and how to feed it. Its executable lives in
@@ -95,7 +102,12 @@ struct CompiledGraph {
   std::vector<OutputSpec> outputs;            // returned to the caller
   std::vector<std::pair<int, int>> mutations;  // (input index, program output): written back
   int device = 0;  // where it runs when no input is a tpu tensor (factories only)
+  // The program as one step of a fused eager trace (its text kept for that).
+  std::shared_ptr<eager::Plan> fused_plan;
 };
+
+// Keeps what fused eager needs to record `g` (built from `prog`, `text`).
+void prepare_fused(CompiledGraph& g, const GraphProgram& prog, const std::string& text, const std::string& name);
 
 // Puts `exe` in the ProgramCache under a new key for `g`.
 void make_resident(CompiledGraph& g, runtime::ExecutablePtr exe);

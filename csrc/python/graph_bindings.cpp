@@ -144,7 +144,7 @@ void bind_graph(py::module& m) {
 
   py::class_<graph::CompiledGraph, std::shared_ptr<graph::CompiledGraph>>(m, "CompiledGraph")
       .def(py::init([](GraphProgram& prog, const std::string& text, const py::list& outputs,
-                       const std::vector<std::pair<int, int>>& mutations, int device) {
+                       const std::vector<std::pair<int, int>>& mutations, int device, const std::string& name) {
         auto cg = std::make_shared<graph::CompiledGraph>();
         {
           py::gil_scoped_release release;
@@ -164,8 +164,11 @@ void bind_graph(py::module& m) {
         }
         cg->mutations = mutations;
         cg->device = device;
+        graph::prepare_fused(*cg, prog, text, name);
         return cg;
-      }))
+      }),
+           py::arg("prog"), py::arg("text"), py::arg("outputs"), py::arg("mutations"), py::arg("device"),
+           py::arg("name") = "graph")
       // Without the GIL: other Python threads run while this one waits for
       // the device lock or the device.
       .def("run", &graph::run, py::call_guard<py::gil_scoped_release>())

@@ -173,6 +173,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["fused_compile_failures"] = fs.compile_failures;
     d["fused_cache_size"] = fs.cache_size;
     d["fused_dead_traces"] = fs.dead_traces;
+    d["fused_programs_recorded"] = fs.programs_recorded;
     d["fused_donated_buffers"] = fs.donated_buffers;
     d["fused_donated_bytes"] = fs.donated_bytes;
     d["fused_not_donated_buffers"] = fs.not_donated_buffers;
