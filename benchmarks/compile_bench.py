@@ -28,6 +28,11 @@ Configurations:
                  train: torch.compile of forward + loss (one graph, backward via
                  AOTAutograd) and of the clip + optimizer step (--eager-opt
                  leaves those two eager);
+  tpu-compiled-fused
+                 as tpu-compiled, each call inside torch_pjrt.fused(): the
+                 step's graphs (and the eager glue between them) are recorded
+                 and run as one XLA program, parameters and optimizer state
+                 donated;
   tpu-eager      model on "tpu", op by op;
   cpu-eager      PyTorch eager on CPU;
   cpu-inductor   as tpu-compiled, on CPU with torch.compile's default backend;
@@ -63,6 +68,7 @@ MARK = "@@compile_bench "
 
 CONFIGS = {  # cli name -> table label
     "tpu-compiled": "tpu compiled",
+    "tpu-compiled-fused": "tpu compiled, fused step",
     "tpu-eager": "tpu eager",
     "cpu-eager": "cpu eager",
     "cpu-inductor": "cpu inductor",
@@ -71,7 +77,7 @@ CONFIGS = {  # cli name -> table label
     "cuda-eager": "cuda eager",
     "cuda-inductor": "cuda inductor",
 }
-DEFAULT_CONFIGS = ("tpu-compiled", "tpu-eager", "cpu-eager", "cpu-inductor", "jax")
+DEFAULT_CONFIGS = ("tpu-compiled", "tpu-compiled-fused", "tpu-eager", "cpu-eager", "cpu-inductor", "jax")
 MODELS = ("mlp", "cnn", "gpt")
 MODES = ("inference", "train")
 CLIP = 1.0  # models.train's default
@@ -160,8 +166,8 @@ def _worker_torch(a, res):
 
     cuda = a.config.startswith("cuda")
     device = "tpu" if tpu else "cuda" if cuda else "cpu"
-    compiled = a.config in ("tpu-compiled", "cpu-inductor", "cuda-inductor")
-    backend = "tpu" if a.config == "tpu-compiled" else "inductor"
+    compiled = a.config in ("tpu-compiled", "tpu-compiled-fused", "cpu-inductor", "cuda-inductor")
+    backend = "tpu" if a.config.startswith("tpu-compiled") else "inductor"
     n_calls = 1 if a.phase == "cold" else 1 + a.warmup + a.steps
 
     model, make_opt, batch_fn, loss_fn = models.build(a.model)
@@ -192,13 +198,19 @@ def _worker_torch(a, res):
             if a.compile_opt:
                 opt_step = torch.compile(opt_step, backend=backend)
 
-        def call(i):
+        def step(i):
             x, y = batches[i]
             opt.zero_grad(set_to_none=True)
             loss = forward_loss(x, y)
             loss.backward()
             opt_step()
             return loss
+
+        call = step
+        if a.config == "tpu-compiled-fused":
+            def call(i):
+                with torch_pjrt.fused():
+                    return step(i)
 
     if tpu:
         sync = lambda out: torch.tpu.synchronize()  # noqa: E731
@@ -575,9 +587,11 @@ def main():
         "| steps/s | compiles: cold / warm / steady | cache hits: cold / warm | vs cpu eager |")
     out("|---|---|---|---:|---:|---:|---:|---|---|---|")
     refs = {(k, m): c for k, m, cfg, c, _, _ in cells if cfg == "cpu-eager"}
-    compile_keys = {"tpu-compiled": ("xla_compiles",), "tpu-eager": ("xla_compiles",),
+    compile_keys = {"tpu-compiled": ("xla_compiles",), "tpu-compiled-fused": ("xla_compiles",),
+                    "tpu-eager": ("xla_compiles",),
                     "cpu-inductor": ("fxgraph_cache_miss",), "jax": ("xla_compiles",)}
-    hit_keys = {"tpu-compiled": ("persistent_cache_hits",), "tpu-eager": ("persistent_cache_hits",),
+    hit_keys = {"tpu-compiled": ("persistent_cache_hits",), "tpu-compiled-fused": ("persistent_cache_hits",),
+                "tpu-eager": ("persistent_cache_hits",),
                 "cpu-inductor": ("fxgraph_cache_hit",), "jax": ("persistent_cache_hits",)}
     for kind, mode, config, cold, warm, size in cells:
         c_cold = _ms(cold["first_s"]) if cold.get("ok") else _cell_fail(cold)
@@ -656,7 +670,7 @@ def main():
                 continue
             part = []
             dyn = r.get("first_dynamo") or {}
-            if config in ("tpu-compiled", "cpu-inductor"):
+            if config in ("tpu-compiled", "tpu-compiled-fused", "cpu-inductor"):
                 part.append(f"{dyn.get('unique_graphs', 0)} dynamo graph(s), {dyn.get('graph_breaks', 0)} break(s)")
             if config != "cpu-inductor":
                 m = pick_metrics(r.get("first_metrics"), first_keys)
