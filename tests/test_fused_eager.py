@@ -352,7 +352,7 @@ def test_compiled_training_step_in_a_region_is_one_program():
     # the whole step is one execution, parameters and optimizer state donated.
     def build(device):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(device)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.GELU(), torch.nn.Linear(512, 4)).to(device)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def step(model, opt, x, y):
@@ -368,15 +368,21 @@ def test_compiled_training_step_in_a_region_is_one_program():
     compiled = torch.compile(step, backend="tpu")
     per_step = []
     for i in range(5):
-        x, y = make((4, 8), seed=40 + i), make((4, 4), seed=50 + i)
+        x, y = make((64, 8), seed=40 + i), make((64, 4), seed=50 + i)
         xt, yt = tpu(x), tpu(y)
         m0 = metrics()
+        torch.tpu.synchronize()
+        base = torch.tpu.memory_allocated()
+        torch.tpu.reset_peak_memory_stats()
         with torch_pjrt.fused():
             loss = compiled(model, opt, xt, yt)
         got = loss.item()
         m1 = torch_pjrt.metrics()
         per_step.append({k: delta(m0, m1, k) for k in ("executions", "fused_flushes", "fused_programs_recorded",
                                                         "fused_donated_buffers")})
+        # Saved activations (64 x 512 floats, 128 KiB each), gradients and the
+        # new parameters never exist as buffers of their own once fused.
+        per_step[-1]["peak"] = torch.tpu.max_memory_allocated() - base
         assert got == pytest.approx(step(ref, ropt, x, y).item(), rel=1e-5, abs=1e-6)
     for p, rp in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), rp.detach(), rtol=1e-5, atol=1e-5)
@@ -384,3 +390,5 @@ def test_compiled_training_step_in_a_region_is_one_program():
         assert s["executions"] == 1 and s["fused_flushes"] == 1, per_step
         assert s["fused_programs_recorded"] >= 3, per_step  # forward, backward, optimizer
         assert s["fused_donated_buffers"] >= 12, per_step  # 4 parameters, exp_avg, exp_avg_sq
+        assert s["peak"] <= 8 << 10, per_step  # (the loss, step counts, scalar packs)
+    assert per_step[0]["peak"] >= 128 << 10, per_step  # the first, op-by-op sighting
