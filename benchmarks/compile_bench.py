@@ -186,26 +186,8 @@ def _worker_torch(a, res):
         opt = make_opt(params)
         batches = [tuple(t.to(device) for t in batch_fn(i)) for i in range(n_calls)]
 
-        def forward_loss(x, y):
-            return loss_fn(model, x, y)
-
-        def opt_step():
-            torch.nn.utils.clip_grad_norm_(params, CLIP)
-            opt.step()
-
-        if compiled:
-            forward_loss = torch.compile(forward_loss, backend=backend)
-            if a.compile_opt:
-                opt_step = torch.compile(opt_step, backend=backend)
-
-        def step(i):
-            x, y = batches[i]
-            opt.zero_grad(set_to_none=True)
-            loss = forward_loss(x, y)
-            loss.backward()
-            opt_step()
-            return loss
-
+        step = models.step_fn(model, opt, loss_fn, batches, params, CLIP, backend if compiled else None,
+                              a.compile_opt)
         call = step
         if a.config == "tpu-compiled-fused":
             def call(i):

@@ -47,20 +47,7 @@ def measure(kind, fused, steps, warmup):
     params = list(model.parameters())
     opt = make_opt(params)
     batches = [tuple(t.to("tpu") for t in batch_fn(i)) for i in range(warmup + steps)]
-    forward_loss = torch.compile(lambda x, y: loss_fn(model, x, y), backend="tpu")
-
-    @torch.compile(backend="tpu")
-    def opt_step():
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-
-    def step(i):
-        x, y = batches[i]
-        opt.zero_grad(set_to_none=True)
-        loss = forward_loss(x, y)
-        loss.backward()
-        opt_step()
-        return loss
+    step = models.step_fn(model, opt, loss_fn, batches, params, backend="tpu")
 
     host, inside, total = [], [], []
     m0 = None

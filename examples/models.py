@@ -160,6 +160,33 @@ def build(kind, seed=0):
     raise ValueError(f"unknown model kind {kind!r}")
 
 
+def step_fn(model, opt, loss_fn, batches, params, clip=1.0, backend=None, compile_opt=True):
+    """One training step as a function of the batch index: zero_grad, forward
+    + loss, backward, clip_grad_norm_ + optimizer step. With `backend`, forward
+    + loss is one torch.compile'd function and clip + step another (unless
+    `compile_opt` is False): the benchmarks' compiled step."""
+    def forward_loss(x, y):
+        return loss_fn(model, x, y)
+
+    def opt_step():
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+
+    if backend:
+        forward_loss = torch.compile(forward_loss, backend=backend)
+        if compile_opt:
+            opt_step = torch.compile(opt_step, backend=backend)
+
+    def step(i):
+        x, y = batches[i]
+        opt.zero_grad(set_to_none=True)
+        loss = forward_loss(x, y)
+        loss.backward()
+        opt_step()
+        return loss
+    return step
+
+
 def train(kind, device, steps, seed=0, clip=1.0, on_step=None, compile_backend=None):
     """Trains from the same initial weights and data on `device`; returns the
     losses. With `compile_backend` ("tpu", "inductor"...), the model and the
