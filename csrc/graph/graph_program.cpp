@@ -239,6 +239,20 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
   return host;
 }
 
+// A CpuPack parameter's CPU inputs, concatenated, as one device buffer.
+runtime::BufferPtr upload_pack(const ParamSource& p, const std::vector<at::Tensor>& inputs, int device) {
+  std::vector<at::Tensor> parts;
+  for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
+  return upload(at::cat(parts), device);
+}
+
+// A dense graph input given as a CPU tensor.
+runtime::BufferPtr upload_cpu_input(const ParamSource& p, const at::Tensor& t, int device) {
+  TORCH_CHECK(t.device().is_cpu(), "torch_pjrt: compiled graph input ", p.input, " is on ", t.device(),
+              "; a tpu graph takes tpu tensors (and CPU scalars)");
+  return upload(t, device);
+}
+
 bool same_geometry(const ParamSource& p, const device::StorageBuffer& sb, const at::Tensor& t) {
   lowering::StridedView v = eager::view_of(t);
   return sb.dtype == p.dtype && sb.numel() == p.storage_numel && v.sizes == p.view.sizes &&
@@ -291,21 +305,15 @@ Recorded record(const CompiledGraph& g, const runtime::ExecutablePtr& exe, const
         break;
       case ParamSource::Input: {
         const at::Tensor& t = inputs.at(p.input);
-        if (t.device().type() == c10::DeviceType::PrivateUse1) {
+        if (t.device().type() == c10::DeviceType::PrivateUse1)
           ins.push_back({&device::storage_of(t), nullptr, device::to_dtype(t.scalar_type())});
-        } else {
-          TORCH_CHECK(t.device().is_cpu(), "torch_pjrt: compiled graph input ", p.input, " is on ", t.device(),
-                      "; a tpu graph takes tpu tensors (and CPU scalars)");
-          ins.push_back({nullptr, upload(t, device), device::to_dtype(t.scalar_type())});
-        }
+        else
+          ins.push_back({nullptr, upload_cpu_input(p, t, device), device::to_dtype(t.scalar_type())});
         break;
       }
-      case ParamSource::CpuPack: {
-        std::vector<at::Tensor> parts;
-        for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
-        ins.push_back({nullptr, upload(at::cat(parts), device), p.dtype});
+      case ParamSource::CpuPack:
+        ins.push_back({nullptr, upload_pack(p, inputs, device), p.dtype});
         break;
-      }
       case ParamSource::Offset:
         ivalues.push_back(inputs.at(p.input).storage_offset());
         break;
@@ -367,9 +375,7 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       int64_t offset = inputs.at(p.input).storage_offset();
       keep.push_back(rt.buffer_from_host(&offset, PJRT_Buffer_Type_S64, {}, device));
     } else if (p.kind == ParamSource::CpuPack) {
-      std::vector<at::Tensor> parts;
-      for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
-      keep.push_back(upload(at::cat(parts), device));
+      keep.push_back(upload_pack(p, inputs, device));
     } else if (p.kind == ParamSource::Rng) {
       auto key = device::next_rng_key(std::nullopt, device);
       int64_t host[2] = {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
@@ -383,9 +389,7 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
         keep.push_back(d == device ? eager::materialize(t) : nullptr);
         TORCH_CHECK(keep.back(), "torch_pjrt: compiled graph input ", p.input, " is on tpu:", d, ", expected tpu:", device);
       } else {
-        TORCH_CHECK(t.device().is_cpu(), "torch_pjrt: compiled graph input ", p.input, " is on ", t.device(),
-                    "; a tpu graph takes tpu tensors (and CPU scalars)");
-        keep.push_back(upload(t, device));
+        keep.push_back(upload_cpu_input(p, t, device));
       }
     }
   }
