@@ -191,17 +191,23 @@ def test_optimizer_step_vs_weight_reader(round_):
 
     model, opt = fresh()
     seen = []
-    done = threading.Event()
+    done, reading = threading.Event(), threading.Event()
 
     def trainer():
+        # Start once the reader has read: on a loaded machine the reader's
+        # thread may otherwise first run after training ended (CI saw it).
+        reading.wait(timeout=60)
         try:
             _train(model, opt, batches)
         finally:
             done.set()
 
     def reader():
-        while not done.is_set():
+        while True:
             seen.append(model.weight.detach().cpu())
+            reading.set()
+            if done.is_set():
+                break
 
     run_threads(trainer, reader)
     # Fused eager: the reader's host reads cut the trainer's traces at other
