@@ -121,7 +121,7 @@ def test_first_process_compiles_and_saves_every_program(warm):
         assert e.status == "ok", e
         assert e.platform.startswith("cpu") and "xla_cpu_pjrt" in e.plugin
         # the identity names the plugin build
-        for field in ("plugin_path=", "plugin_file=", "platform_version=", "pjrt_c_api=",
+        for field in ("plugin=", "plugin_content=", "platform_version=", "pjrt_c_api=",
                       "attribute.xla_version=", "devices="):
             assert "\n" + field in e.identity
 
@@ -763,3 +763,27 @@ def test_cli_entry_point_without_traceback(warm, tmp_path, unprivileged):
         assert r.returncode == 1
         assert re.fullmatch(rf"torch_pjrt.cache: cannot remove \d+ files in {re.escape(str(d))}: "
                             r"Permission denied \(first: \w+\.pjrtexe\)\n", r.stderr), r.stderr
+
+
+def _plugin_path():
+    import torch_pjrt
+    return torch_pjrt.plugin_info()["path"]
+
+
+def test_same_plugin_at_another_path_reuses_the_cache(warm, tmp_path):
+    # A new venv or clone installs the same plugin wheel at another path with
+    # a new file time: the identity is the plugin's content, so its processes
+    # load what earlier ones compiled. A plugin of other content (here the
+    # same file with bytes appended, still loadable) is another build.
+    d = copy_of(warm, tmp_path)
+    same = tmp_path / "venv2" / os.path.basename(_plugin_path())
+    same.parent.mkdir()
+    shutil.copyfile(_plugin_path(), same)
+    results, m, err = run(TORCH_PJRT_CACHE_DIR=d, TORCH_PJRT_PLUGIN=same)
+    assert results == warm[1]
+    assert m["xla_compiles"] == 0 and m["persistent_cache_hits"] == programs(warm), err
+    with open(same, "ab") as f:
+        f.write(b"\0" * 4096)
+    results, m, err = run(TORCH_PJRT_CACHE_DIR=d, TORCH_PJRT_PLUGIN=same)
+    assert results == warm[1]
+    assert m["persistent_cache_hits"] == 0 and m["xla_compiles"] == warm[2]["xla_compiles"], err

@@ -238,7 +238,8 @@ def _parse(data, key):
     fields.update(program_bytes=program_bytes, payload_bytes=payload_bytes, identity=identity,
                   platform=" ".join(x for x in (_identity_field(identity, "platform"),
                                                 xla and "xla_version=" + xla) if x),
-                  plugin=_identity_field(identity, "plugin_path"))
+                  plugin=(_identity_field(identity, "plugin")  # older entries named the path
+                          or _identity_field(identity, "plugin_path")))
     expected = HEADER_SIZE + identity_size + payload_bytes
     if len(data) < expected:
         return f"truncated ({len(data)} of {expected} bytes)", fields

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 
 #include "runtime/byte_size.h"
 #include "runtime/program_cache.h"
+#include "runtime/sha256.h"
 #include "runtime/pjrt_util.h"
 
 namespace torch_pjrt::runtime {
@@ -373,16 +375,49 @@ BufferPtr Runtime::copy_to_device(const Buffer& buffer, int device, size_t nbyte
 // Everything an executable compiled from a given program depends on besides
 // the program and the compile options: the plugin build, its API, and the
 // devices and host it compiles for. Part of every persistent-cache key.
+namespace {
+// What the plugin file holds, without its path or file time: its size and a
+// SHA-256 of 4 MiB sampled across it (the first and last 512 KiB, 96 chunks
+// of 32 KiB evenly between; ~15 ms). A rebuilt plugin differs throughout (addresses,
+// offsets), so sampling finds it; hashing all of a 250 MB plugin would cost
+// about a second per process. Keyed by content, a new venv or clone with the
+// same plugin wheel reuses the executables its predecessors compiled.
+std::string plugin_fingerprint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  struct stat st;
+  if (!f || ::stat(path.c_str(), &st) != 0) return "unreadable";
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  constexpr uint64_t kEdge = 512 << 10, kChunk = 32 << 10, kChunks = 96;
+  Sha256 h;
+  std::string buf;
+  auto take = [&](uint64_t at, uint64_t n) {
+    if (at >= size) return;
+    n = std::min(n, size - at);
+    buf.resize(n);
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(buf.data(), static_cast<std::streamsize>(n));
+    h.update(buf.data(), static_cast<size_t>(f.gcount()));
+  };
+  if (size <= 2 * kEdge + kChunks * kChunk) {
+    take(0, size);
+  } else {
+    take(0, kEdge);
+    const uint64_t span = size - 2 * kEdge - kChunk;
+    for (uint64_t i = 0; i < kChunks; ++i) take(kEdge + span * i / (kChunks - 1), kChunk);
+    take(size - kEdge, kEdge);
+  }
+  return std::to_string(size) + " bytes, sampled sha256 " + Sha256::hex(h.finish());
+}
+}  // namespace
+
+// Everything an executable compiled from a given program depends on besides
+// the program and the compile options: the plugin build (by content), its API,
+// and the devices and host it compiles for. Part of every persistent-cache key.
 std::string Runtime::cache_identity() const {
   std::string s = "torch_pjrt executable cache identity\n";
-  char resolved[PATH_MAX];
-  s += "plugin_path=" +
-       std::string(::realpath(info_.path.c_str(), resolved) ? resolved : info_.path.c_str()) +
-       "\n";
-  struct stat st;
-  if (::stat(info_.path.c_str(), &st) == 0)
-    s += "plugin_file=" + std::to_string(st.st_size) + " bytes, modified " +
-         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "\n";
+  const char* slash = std::strrchr(info_.path.c_str(), '/');
+  s += "plugin=" + std::string(slash ? slash + 1 : info_.path.c_str()) + "\n";
+  s += "plugin_content=" + plugin_fingerprint(info_.path) + "\n";
   s += "platform=" + one_line(info_.platform) + "\n";
   s += "platform_version=" + one_line(info_.platform_version) + "\n";
   s += "pjrt_c_api=" + std::to_string(info_.api_major) + "." + std::to_string(info_.api_minor) +
