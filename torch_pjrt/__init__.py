@@ -113,6 +113,8 @@ if _autoload_error is None:
     # applied when they are imported (nothing imported here).
     from .integrations import install as _install_integrations  # noqa: E402
     _install_integrations()
+    from . import distributed as _distributed  # noqa: E402
+    _distributed.register()  # init_process_group(backend="tpu")
 
     # torch.compile(backend="tpu") finds the backend through the entry point in
     # torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
@@ -138,6 +140,7 @@ def metrics():
     dynamo_graphs, dynamo_recompiles, compiled_graphs, graph_recompiles, ..."""
     m = dict(_state.C.metrics())
     m.update(_compile.COUNTERS)
+    m.update(_state.C.distributed_metrics())
     return m
 
 

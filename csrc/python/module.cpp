@@ -13,6 +13,7 @@
 #include "eager/fused.h"
 #include "eager/plan.h"
 #include "lowering/registry.h"
+#include "python/distributed_bindings.h"
 #include "python/graph_bindings.h"
 #include "python/readiness_bindings.h"
 #include "runtime/pjrt_runtime.h"
@@ -210,4 +211,5 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("lowering_table", &lowering::lowering_table);
   python::bind_graph(m);
   python::bind_readiness(m);
+  python::bind_distributed(m);
 }

@@ -1,0 +1,268 @@
+#include "distributed/host_backend.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+
+namespace torch_pjrt::distributed {
+
+HostCounters& host_counters() {
+  static HostCounters c;
+  return c;
+}
+
+namespace {
+
+using Pairs = std::vector<std::pair<at::Tensor, at::Tensor>>;  // (tpu tensor, its host copy)
+
+// The copies back into the tpu tensors, once: from the host work's future
+// callback (DDP waits on futures) or from wait(), whichever comes first.
+struct CopyBack {
+  Pairs pairs;
+  std::once_flag once;
+  void run() {
+    std::call_once(once, [&] {
+      int64_t bytes = 0;
+      for (auto& [dev, host] : pairs) {
+        dev.copy_(host);
+        bytes += host.nbytes();
+      }
+      host_counters().from_host_bytes += bytes;
+    });
+  }
+  std::vector<at::Tensor> device_tensors() const {
+    std::vector<at::Tensor> out;
+    for (const auto& p : pairs) out.push_back(p.first);
+    return out;
+  }
+};
+
+class HostWork : public c10d::Work {
+ public:
+  HostWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<CopyBack> back, c10d::OpType type)
+      : c10d::Work(-1, type), inner_(std::move(inner)), back_(std::move(back)) {}
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return back_->device_tensors(); }
+  void abort() override { inner_->abort(); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool done = inner_->wait(timeout);  // raises the host backend's error or timeout
+    back_->run();
+    return done;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!future_) {
+      auto back = back_;
+      future_ = inner_->getFuture()->then(
+          [back](c10::ivalue::Future& host) -> c10::IValue {
+            host.value();  // rethrows the host backend's error
+            back->run();
+            return c10::IValue(back->device_tensors());
+          },
+          c10::ListType::create(c10::TensorType::get()));
+    }
+    return future_;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::shared_ptr<CopyBack> back_;
+  std::mutex mu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// Host stand-ins for one collective's tensors. A CPU tensor stands for itself;
+// a tpu tensor gets a contiguous host tensor, filled from it when the
+// collective reads it, copied back into it when the collective writes it.
+class Staging {
+ public:
+  at::Tensor in(const at::Tensor& t) { return stage(t, true, false); }
+  at::Tensor out(const at::Tensor& t) { return stage(t, false, true); }
+  at::Tensor inout(const at::Tensor& t) { return stage(t, true, true); }
+  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) { return each(ts, true, false); }
+  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) { return each(ts, false, true); }
+  std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts) { return each(ts, true, true); }
+  std::vector<std::vector<at::Tensor>> in(const std::vector<std::vector<at::Tensor>>& ls) {
+    return lists(ls, true, false);
+  }
+  std::vector<std::vector<at::Tensor>> out(const std::vector<std::vector<at::Tensor>>& ls) {
+    return lists(ls, false, true);
+  }
+
+  c10::intrusive_ptr<c10d::Work> finish(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type) {
+    if (staged_) ++host_counters().collectives;
+    if (back_->pairs.empty()) return work;
+    return c10::make_intrusive<HostWork>(std::move(work), back_, type);
+  }
+
+ private:
+  at::Tensor stage(const at::Tensor& t, bool read, bool written) {
+    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    staged_ = true;
+    at::Tensor host;
+    if (read) {
+      host = t.to(at::kCPU).contiguous();  // waits for the tpu's pending work on t
+      host_counters().to_host_bytes += host.nbytes();
+    } else {
+      host = at::empty(t.sizes(), t.options().device(at::kCPU));
+    }
+    if (written) back_->pairs.emplace_back(t, host);
+    return host;
+  }
+  std::vector<at::Tensor> each(const std::vector<at::Tensor>& ts, bool read, bool written) {
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const auto& t : ts) out.push_back(stage(t, read, written));
+    return out;
+  }
+  std::vector<std::vector<at::Tensor>> lists(const std::vector<std::vector<at::Tensor>>& ls,
+                                             bool read, bool written) {
+    std::vector<std::vector<at::Tensor>> out;
+    for (const auto& l : ls) out.push_back(each(l, read, written));
+    return out;
+  }
+
+  bool staged_ = false;
+  std::shared_ptr<CopyBack> back_ = std::make_shared<CopyBack>();
+};
+
+}  // namespace
+
+HostCopyBackend::HostCopyBackend(c10::intrusive_ptr<c10d::Backend> host)
+    : c10d::Backend(host->getRank(), host->getSize()), host_(std::move(host)) {}
+
+using c10d::OpType;
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  Staging s;
+  auto h = s.inout(tensors);
+  return s.finish(host_->broadcast(h, opts), OpType::BROADCAST);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  Staging s;
+  auto h = s.inout(tensors);
+  return s.finish(host_->allreduce(h, opts), OpType::ALLREDUCE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  Staging s;
+  auto h = s.inout(tensors);
+  return s.finish(host_->allreduce_coalesced(h, opts), OpType::ALLREDUCE_COALESCED);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  Staging s;
+  auto h = s.inout(tensors);
+  return s.finish(host_->reduce(h, opts), OpType::REDUCE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  Staging s;
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->allgather(ho, hi, opts), OpType::ALLGATHER);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  Staging s;
+  auto hi = s.in(input);
+  auto ho = s.out(output);
+  return s.finish(host_->_allgather_base(ho, hi, opts), OpType::_ALLGATHER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  Staging s;
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->gather(ho, hi, opts), OpType::GATHER);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  Staging s;
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->scatter(ho, hi, opts), OpType::SCATTER);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  Staging s;
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->reduce_scatter(ho, hi, opts), OpType::REDUCE_SCATTER);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  Staging s;
+  auto hi = s.in(input);
+  auto ho = s.out(output);
+  return s.finish(host_->_reduce_scatter_base(ho, hi, opts), OpType::_REDUCE_SCATTER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
+  Staging s;
+  auto hi = s.in(input);
+  auto ho = s.out(output);
+  return s.finish(host_->alltoall_base(ho, hi, output_splits, input_splits, opts),
+                  OpType::ALLTOALL_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  Staging s;
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->alltoall(ho, hi, opts), OpType::ALLTOALL);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::send(std::vector<at::Tensor>& tensors, int dst,
+                                                     int tag) {
+  Staging s;
+  auto h = s.in(tensors);
+  return s.finish(host_->send(h, dst, tag), OpType::SEND);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int tag) {
+  Staging s;
+  auto h = s.out(tensors);
+  return s.finish(host_->recv(h, src, tag), OpType::RECV);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  Staging s;
+  auto h = s.out(tensors);
+  return s.finish(host_->recvAnysource(h, tag), OpType::RECVANYSOURCE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::barrier(const c10d::BarrierOptions& opts) {
+  return host_->barrier(opts);
+}
+
+}  // namespace torch_pjrt::distributed
