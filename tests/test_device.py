@@ -210,3 +210,24 @@ def test_non_blocking_copies_and_pinned_memory():
     pinned = x.pin_memory()
     assert pinned.is_pinned() and not x.is_pinned()
     assert_same(pinned.to("tpu", non_blocking=True), x)
+
+
+def test_storage_resize_frees_and_regrows_keeping_the_prefix():
+    # Storage.resize_ on tpu: what FSDP2 does to free an unsharded parameter
+    # (resize_(0)) and bring it back before gathering into it.
+    cpu_t = torch.arange(6.0)
+    t = cpu_t.to("tpu")
+    before = torch.tpu.memory_allocated()
+    t.untyped_storage().resize_(0)
+    assert t.untyped_storage().nbytes() == 0
+    assert torch.tpu.memory_allocated() <= before - 24
+    t.untyped_storage().resize_(24)
+    t.copy_(torch.ones(6))
+    assert torch.equal(t.cpu(), torch.ones(6))
+    u = torch.arange(8.0).to("tpu")
+    u.untyped_storage().resize_(16)  # shrink: the first 4 values stay
+    assert torch.equal(torch.empty(0, device="tpu").set_(u.untyped_storage(), 0, (4,), (1,)).cpu(), torch.arange(4.0))
+    u.untyped_storage().resize_(40)  # grow: the first 4 values stay
+    assert torch.equal(torch.empty(0, device="tpu").set_(u.untyped_storage(), 0, (4,), (1,)).cpu(), torch.arange(4.0))
+    with pytest.raises(NotImplementedError, match="split an element"):
+        u.untyped_storage().resize_(6)

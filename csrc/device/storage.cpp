@@ -181,6 +181,44 @@ at::Tensor wrap_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sc
   return t;
 }
 
+namespace {
+at::Tensor flat_view(c10::Storage storage, c10::ScalarType dtype, int64_t numel) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                          caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+}  // namespace
+
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  StorageBuffer& old = storage_of(storage);
+  const int dev = old.device;
+  if (newsize > 0)
+    runtime::Runtime::get().ensure_fits(dev, static_cast<int64_t>(newsize), "a resized storage");
+  c10::Storage fresh(c10::Storage::use_byte_size_t(), newsize,
+                     make_data_ptr(newsize, dev, new StorageBuffer()), &g_allocator, true);
+  eager::settle(old);  // a fused trace owes the old value: run it
+  const size_t keep = std::min(old.nbytes, newsize);
+  if (keep > 0 && old.buffer) {
+    // The kept prefix, copied on the device in the storage's element type.
+    const int64_t item = lowering::itemsize(old.dtype);
+    TORCH_CHECK_NOT_IMPLEMENTED(keep % item == 0, "torch_pjrt: resizing a tpu storage of ", old.nbytes,
+                                " bytes to ", newsize, " bytes would split an element of its ",
+                                c10::toString(to_scalar_type(old.dtype)), " values");
+    const auto dtype = to_scalar_type(old.dtype);
+    flat_view(fresh, dtype, keep / item).copy_(flat_view(storage, dtype, keep / item));
+  }
+  // FSDP2 frees an unsharded parameter with resize_(0) and brings it back
+  // with resize_(n) before gathering into it: the storage object stays, its
+  // buffer is replaced.
+  impl->set_data_ptr_noswap(
+      fresh.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, dev))));
+  impl->set_nbytes(newsize);
+}
+
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 
 }  // namespace torch_pjrt::device

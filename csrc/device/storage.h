@@ -55,6 +55,10 @@ StorageBuffer& storage_of(const c10::Storage& s);
 // The buffer of `sb`, created as zeros of `dtype` if it was never written.
 const runtime::BufferPtr& ensure_buffer(StorageBuffer& sb, lowering::DType dtype);
 
+// Storage.resize_ on tpu (PrivateUse1HooksInterface::resizePrivateUse1Bytes):
+// a new buffer of `newsize` bytes, the old bytes up to the smaller size kept.
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
+
 // A new tpu tensor whose storage holds `buffer` (elements of `dtype` in the
 // layout `sizes`/`strides`): program results. Unlike at::empty it does not
 // check the memory limit again; the program's outputs were counted at launch.
