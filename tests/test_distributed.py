@@ -106,6 +106,15 @@ def test_mixed_backend_string_under_spawn(tmp_path):
     assert results[0]["backend"] == "cpu:gloo,tpu:tpu"
 
 
+def test_collectives_inside_compiled_graphs(tmp_path):
+    results = spawn("compiled", tmp_path)
+    x = [torch.arange(4.0) + r for r in range(WORLD)]
+    for res in results:
+        assert res["functional"] == (2 * (x[0] + x[1]) + 1).tolist()
+        assert res["in_place"] == (3 * (x[0] + x[1])).tolist()
+        assert res["metrics"]["distributed_host_collectives"] == 2 and res["metrics"]["compiled_graphs"] >= 2
+
+
 def _cpu_losses(steps):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import models
