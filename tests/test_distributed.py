@@ -89,6 +89,11 @@ def _assert_collectives(results):
         kind, text = got["errors"]["size"]
         assert kind == got["errors"]["size_cpu"][0], got["errors"]  # the type gloo raises for CPU tensors
         assert "size" in text, text
+        if got["backend"] == "tpu":  # (with "cpu:gloo,tpu:tpu" a CPU output goes to gloo, which refuses a tpu input)
+            assert got["errors"]["devices"][0] == "RuntimeError", got["errors"]
+            assert "all_gather_into_tensor: tensors on" in got["errors"]["devices"][1], got["errors"]
+        else:
+            assert got["errors"]["devices"][0] == "RuntimeError", got["errors"]
 
 
 def test_collectives_under_torchrun(tmp_path):

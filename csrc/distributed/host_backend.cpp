@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace torch_pjrt::distributed {
@@ -84,6 +85,7 @@ class HostWork : public c10d::Work {
 // collective reads it, copied back into it when the collective writes it.
 class Staging {
  public:
+  explicit Staging(const char* op) : op_(op) {}
   at::Tensor in(const at::Tensor& t) { return stage(t, true, false); }
   at::Tensor out(const at::Tensor& t) { return stage(t, false, true); }
   at::Tensor inout(const at::Tensor& t) { return stage(t, true, true); }
@@ -105,7 +107,14 @@ class Staging {
 
  private:
   at::Tensor stage(const at::Tensor& t, bool read, bool written) {
-    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    if (!t.defined()) return t;
+    // One collective, one device: gloo would take a CPU/tpu mix through the
+    // host copies, but the same call fails on CUDA (NCCL), so it fails here.
+    if (!device_) device_ = t.device();
+    TORCH_CHECK(t.device().type() == device_->type(), "torch_pjrt (c10d backend 'tpu'): ", op_,
+                ": tensors on ", device_->str(), " and ", t.device().str(),
+                "; a collective's tensors must all be on the same device");
+    if (!t.device().is_privateuseone()) return t;
     staged_ = true;
     at::Tensor host;
     if (read) {
@@ -130,6 +139,8 @@ class Staging {
     return out;
   }
 
+  const char* op_;
+  std::optional<c10::Device> device_;
   bool staged_ = false;
   std::shared_ptr<CopyBack> back_ = std::make_shared<CopyBack>();
 };
@@ -143,28 +154,28 @@ using c10d::OpType;
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  Staging s;
+  Staging s("broadcast");
   auto h = s.inout(tensors);
   return s.finish(host_->broadcast(h, opts), OpType::BROADCAST);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
-  Staging s;
+  Staging s("all_reduce");
   auto h = s.inout(tensors);
   return s.finish(host_->allreduce(h, opts), OpType::ALLREDUCE);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  Staging s;
+  Staging s("all_reduce_coalesced");
   auto h = s.inout(tensors);
   return s.finish(host_->allreduce_coalesced(h, opts), OpType::ALLREDUCE_COALESCED);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  Staging s;
+  Staging s("reduce");
   auto h = s.inout(tensors);
   return s.finish(host_->reduce(h, opts), OpType::REDUCE);
 }
@@ -172,7 +183,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s("all_gather");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
   return s.finish(host_->allgather(ho, hi, opts), OpType::ALLGATHER);
@@ -180,7 +191,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::allgather(
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s("all_gather_into_tensor");
   auto hi = s.in(input);
   auto ho = s.out(output);
   return s.finish(host_->_allgather_base(ho, hi, opts), OpType::_ALLGATHER_BASE);
@@ -189,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_allgather_base(
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  Staging s;
+  Staging s("gather");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
   return s.finish(host_->gather(ho, hi, opts), OpType::GATHER);
@@ -198,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::gather(
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  Staging s;
+  Staging s("scatter");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
   return s.finish(host_->scatter(ho, hi, opts), OpType::SCATTER);
@@ -207,7 +218,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::scatter(
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  Staging s;
+  Staging s("reduce_scatter");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
   return s.finish(host_->reduce_scatter(ho, hi, opts), OpType::REDUCE_SCATTER);
@@ -215,7 +226,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  Staging s;
+  Staging s("reduce_scatter_tensor");
   auto hi = s.in(input);
   auto ho = s.out(output);
   return s.finish(host_->_reduce_scatter_base(ho, hi, opts), OpType::_REDUCE_SCATTER_BASE);
@@ -224,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
     std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
-  Staging s;
+  Staging s("all_to_all_single");
   auto hi = s.in(input);
   auto ho = s.out(output);
   return s.finish(host_->alltoall_base(ho, hi, output_splits, input_splits, opts),
@@ -234,7 +245,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall_base(
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  Staging s;
+  Staging s("all_to_all");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
   return s.finish(host_->alltoall(ho, hi, opts), OpType::ALLTOALL);
@@ -242,21 +253,21 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                      int tag) {
-  Staging s;
+  Staging s("send");
   auto h = s.in(tensors);
   return s.finish(host_->send(h, dst, tag), OpType::SEND);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                      int tag) {
-  Staging s;
+  Staging s("recv");
   auto h = s.out(tensors);
   return s.finish(host_->recv(h, src, tag), OpType::RECV);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                               int tag) {
-  Staging s;
+  Staging s("recv");
   auto h = s.out(tensors);
   return s.finish(host_->recvAnysource(h, tag), OpType::RECVANYSOURCE);
 }
