@@ -150,3 +150,20 @@ def test_eye_out_and_error():
     assert_same(out, torch.eye(3, 2, dtype=torch.int32))
     with pytest.raises(RuntimeError):
         torch.eye(-1, device="tpu")
+
+
+def test_first_arange_with_float_bounds_prints_no_warning():
+    # The executor probes other float values to learn whether arange's
+    # program depends on them; those probes once resized the call's full out=
+    # tensor on meta and PyTorch warned "An output with one or more elements
+    # was resized" on the user's first arange. A fresh process: the probe runs
+    # once per process.
+    import subprocess
+    import sys
+    code = ("import torch, torch_pjrt\n"
+            "print(torch.arange(4.0, device='tpu').cpu().tolist(), torch.arange(1.0, 3.0, 0.5, device='tpu').cpu().tolist())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0.0, 1.0, 2.0, 3.0] [1.0, 1.5, 2.0, 2.5]"
+    assert "Warning" not in proc.stderr, proc.stderr

@@ -121,6 +121,16 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   const auto& sargs = op.schema().arguments();
   torch::jit::Stack meta_stack;
   for (const auto& v : args) meta_stack.push_back(to_meta(v));
+  if (dry) {
+    // A dry run (another value's probe, a validity check) must not resize a
+    // full out= tensor: PyTorch's Python meta kernels warn that resizing one
+    // is deprecated. Empty outs resize silently; the sizes they get are
+    // compared with the real outs' below all the same.
+    for (size_t i = 0; i < sargs.size() && i < meta_stack.size(); ++i)
+      if (sargs[i].kwarg_only() && is_write(sargs[i]) && meta_stack[i].isTensor() &&
+          meta_stack[i].toTensor().defined())
+        meta_stack[i] = at::empty({0}, meta_stack[i].toTensor().options());
+  }
   std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
   if (op.schema().returns().empty() && !op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
       !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
