@@ -86,18 +86,13 @@ class HostWork : public c10d::Work {
 class Staging {
  public:
   explicit Staging(const char* op) : op_(op) {}
-  at::Tensor in(const at::Tensor& t) { return stage(t, true, false); }
-  at::Tensor out(const at::Tensor& t) { return stage(t, false, true); }
-  at::Tensor inout(const at::Tensor& t) { return stage(t, true, true); }
-  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) { return each(ts, true, false); }
-  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) { return each(ts, false, true); }
-  std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts) { return each(ts, true, true); }
-  std::vector<std::vector<at::Tensor>> in(const std::vector<std::vector<at::Tensor>>& ls) {
-    return lists(ls, true, false);
-  }
-  std::vector<std::vector<at::Tensor>> out(const std::vector<std::vector<at::Tensor>>& ls) {
-    return lists(ls, false, true);
-  }
+  // A tensor, a list of them, or a list of lists, as the collective takes them.
+  template <class T>
+  T in(const T& x) { return map(x, true, false); }
+  template <class T>
+  T out(const T& x) { return map(x, false, true); }
+  template <class T>
+  T inout(const T& x) { return map(x, true, true); }
 
   c10::intrusive_ptr<c10d::Work> finish(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type) {
     if (staged_) ++host_counters().collectives;
@@ -106,7 +101,7 @@ class Staging {
   }
 
  private:
-  at::Tensor stage(const at::Tensor& t, bool read, bool written) {
+  at::Tensor map(const at::Tensor& t, bool read, bool written) {
     if (!t.defined()) return t;
     // One collective, one device: gloo would take a CPU/tpu mix through the
     // host copies, but the same call fails on CUDA (NCCL), so it fails here.
@@ -126,16 +121,11 @@ class Staging {
     if (written) back_->pairs.emplace_back(t, host);
     return host;
   }
-  std::vector<at::Tensor> each(const std::vector<at::Tensor>& ts, bool read, bool written) {
-    std::vector<at::Tensor> out;
-    out.reserve(ts.size());
-    for (const auto& t : ts) out.push_back(stage(t, read, written));
-    return out;
-  }
-  std::vector<std::vector<at::Tensor>> lists(const std::vector<std::vector<at::Tensor>>& ls,
-                                             bool read, bool written) {
-    std::vector<std::vector<at::Tensor>> out;
-    for (const auto& l : ls) out.push_back(each(l, read, written));
+  template <class T>
+  std::vector<T> map(const std::vector<T>& xs, bool read, bool written) {
+    std::vector<T> out;
+    out.reserve(xs.size());
+    for (const auto& x : xs) out.push_back(map(x, read, written));
     return out;
   }
 

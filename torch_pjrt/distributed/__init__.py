@@ -39,7 +39,3 @@ def register():
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create, devices=["tpu", "cpu"])
-
-
-def metrics():
-    return dict(_state.C.distributed_metrics())
