@@ -1,7 +1,8 @@
 """Compile-time and step-time benchmark: torch.compile(backend="tpu") against tpu
 eager, PyTorch eager and inductor on CPU, and the same GPT in plain JAX (jit).
 
-For each model of examples/models.py (MLP, CNN, GPT), each mode and each
+For each model of examples/models.py (MLP, CNN, GPT, and the wider GPT:
+width 128, 4 heads, 2 layers, batch 4 x 64 tokens), each mode and each
 configuration, three timings:
 
   cold     first call in a fresh process with EMPTY cache dirs (a fresh
@@ -33,6 +34,11 @@ Configurations:
                  step's graphs (and the eager glue between them) are recorded
                  and run as one XLA program, parameters and optimizer state
                  donated;
+  tpu-captured   model on "tpu", eager code, the whole step wrapped in
+                 torch_pjrt.capture_step (optimizers with capturable=True):
+                 warm-up call, two recorded calls, then each call replays one
+                 XLA program without running the step's Python; its extra
+                 table gives the time to the first replayed step;
   tpu-eager      model on "tpu", op by op;
   cpu-eager      PyTorch eager on CPU;
   cpu-inductor   as tpu-compiled, on CPU with torch.compile's default backend;
@@ -69,6 +75,7 @@ MARK = "@@compile_bench "
 CONFIGS = {  # cli name -> table label
     "tpu-compiled": "tpu compiled",
     "tpu-compiled-fused": "tpu compiled, fused step",
+    "tpu-captured": "tpu captured step",
     "tpu-eager": "tpu eager",
     "cpu-eager": "cpu eager",
     "cpu-inductor": "cpu inductor",
@@ -77,8 +84,11 @@ CONFIGS = {  # cli name -> table label
     "cuda-eager": "cuda eager",
     "cuda-inductor": "cuda inductor",
 }
-DEFAULT_CONFIGS = ("tpu-compiled", "tpu-compiled-fused", "tpu-eager", "cpu-eager", "cpu-inductor", "jax")
-MODELS = ("mlp", "cnn", "gpt")
+DEFAULT_CONFIGS = ("tpu-compiled", "tpu-compiled-fused", "tpu-captured", "tpu-eager", "cpu-eager", "cpu-inductor",
+                   "jax")
+MODELS = ("mlp", "cnn", "gpt", "gpt-wide")
+JAX_MODELS = ("gpt", "gpt-wide")
+CAPTURE_CALLS = 4  # tpu-captured: warm-up, two recordings, then the first replay
 MODES = ("inference", "train")
 CLIP = 1.0  # models.train's default
 
@@ -168,7 +178,8 @@ def _worker_torch(a, res):
     device = "tpu" if tpu else "cuda" if cuda else "cpu"
     compiled = a.config in ("tpu-compiled", "tpu-compiled-fused", "cpu-inductor", "cuda-inductor")
     backend = "tpu" if a.config.startswith("tpu-compiled") else "inductor"
-    n_calls = 1 if a.phase == "cold" else 1 + a.warmup + a.steps
+    captured = a.config == "tpu-captured"
+    n_calls = (CAPTURE_CALLS if captured else 1) if a.phase == "cold" else 1 + max(a.warmup, CAPTURE_CALLS) + a.steps
 
     model, make_opt, batch_fn, loss_fn = models.build(a.model)
     model.to(device)
@@ -177,6 +188,8 @@ def _worker_torch(a, res):
         model.eval()
         x = batch_fn(0)[0].to(device)
         fn = torch.compile(model, backend=backend) if compiled else model
+        if captured:
+            fn = torch_pjrt.capture_step(model)
 
         def call(i):
             with torch.no_grad():
@@ -185,10 +198,26 @@ def _worker_torch(a, res):
         model.train()
         opt = make_opt(params)
         batches = [tuple(t.to(device) for t in batch_fn(i)) for i in range(n_calls)]
+        if captured:  # the optimizer's step count on the device, so a replay advances it
+            for g in opt.param_groups:
+                if "capturable" in g:
+                    g["capturable"] = True
 
         step = models.step_fn(model, opt, loss_fn, batches, params, CLIP, backend if compiled else None,
                               a.compile_opt)
         call = step
+        if captured:
+            def whole_step(x, y):
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, x, y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, CLIP)
+                opt.step()
+                return loss
+            captured_step = torch_pjrt.capture_step(whole_step)
+
+            def call(i):
+                return captured_step(*batches[i])
         if a.config == "tpu-compiled-fused":
             def call(i):
                 with torch_pjrt.fused():
@@ -223,12 +252,22 @@ def _worker_torch(a, res):
             ps = [p.detach().cpu().double() for p in params]
             res["result"] = {"loss": float(out.detach().cpu()), "param_sum": float(sum(p.sum() for p in ps)),
                              "param_abs_sum": float(sum(p.abs().sum() for p in ps))}
+    first = 1
+    if captured:
+        # Time to the first replayed step: the first call (above) and the calls up to the first replay.
+        res["stage"] = "to first replay"
+        m0 = metrics()
+        times, _ = _timed_steps(call, sync, 1, CAPTURE_CALLS - 1)
+        res["to_replay_s"] = res["first_s"] + sum(times)
+        res["first_replay_s"] = times[-1]
+        res["replayed"] = metrics().get("capture_replays", 0) - m0.get("capture_replays", 0)
+        first = CAPTURE_CALLS
     if a.phase == "cold":
         return
 
     res["stage"] = "warm-up"
     m1, d1 = metrics(), dynamo_counts()
-    _timed_steps(call, sync, 1, a.warmup)
+    _timed_steps(call, sync, first, 1 + a.warmup - first)
     m2, d2 = metrics(), dynamo_counts()
     res["stage"] = "steady"
     times, out = _timed_steps(call, sync, 1 + a.warmup, a.steps)
@@ -242,8 +281,8 @@ def _worker_torch(a, res):
 
 
 def _worker_jax(a, res):
-    if a.model != "gpt":
-        raise ValueError("the JAX configuration exists for the GPT only")
+    if a.model not in JAX_MODELS:
+        raise ValueError("the JAX configuration exists for the GPTs only")
     t0 = time.perf_counter()
     import numpy as np
     import jax
@@ -258,8 +297,9 @@ def _worker_jax(a, res):
 
     data = np.load(a.jax_data)
     state = {k[len("w:"):]: data[k] for k in data.files if k.startswith("w:")}
-    params = jax.device_put(jax_gpt.params_from_state_dict(state))
-    fwd, train_step = jax_gpt.jitted()
+    cfg = jax_gpt.WIDE if a.model == "gpt-wide" else jax_gpt.Config()
+    params = jax.device_put(jax_gpt.params_from_state_dict(state, cfg))
+    fwd, train_step = jax_gpt.jitted(cfg)
     n_calls = 1 if a.phase == "cold" else 1 + a.warmup + a.steps
     xs = [jax.device_put(data[f"x:{i}"].astype(np.int32)) for i in range(n_calls)]
     ys = [jax.device_put(data[f"y:{i}"].astype(np.int32)) for i in range(n_calls)]
@@ -371,6 +411,7 @@ def _run_worker(args, extra_env, timeout):
     cmd = [sys.executable, os.path.abspath(__file__), *args]
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("JAX_PLATFORMS", "cpu")  # (JAX would try an installed libtpu first; set it to use a GPU)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra_env)
     start = time.perf_counter()
@@ -404,13 +445,13 @@ def _dir_size(path):
     return total
 
 
-def _write_jax_data(path, n_calls):
+def _write_jax_data(path, n_calls, kind):
     """The torch GPT's initial weights (state_dict) and batches 0..n_calls-1, for the JAX worker."""
     import numpy as np
     import torch  # noqa: F401
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import models
-    model, _, batch_fn, _ = models.build("gpt")
+    model, _, batch_fn, _ = models.build(kind)
     arrays = {f"w:{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
     for i in range(n_calls):
         x, y = batch_fn(i)
@@ -528,16 +569,18 @@ def main():
     cache_root = tempfile.mkdtemp(prefix="compile_bench_")
     if not a.keep_cache:
         atexit.register(shutil.rmtree, cache_root, True)  # also on Ctrl-C
-    jax_data = None
-    if "jax" in configs and "gpt" in kinds and have_jax:
-        jax_data = os.path.join(cache_root, "jax_gpt_data.npz")
-        _write_jax_data(jax_data, 1 + a.warmup + a.steps)
+    jax_data = {}
+    if "jax" in configs and have_jax:
+        for kind in kinds:
+            if kind in JAX_MODELS:
+                jax_data[kind] = os.path.join(cache_root, f"jax_{kind}_data.npz")
+                _write_jax_data(jax_data[kind], 1 + max(a.warmup, CAPTURE_CALLS) + a.steps, kind)
 
     cells = []  # (kind, mode, config, cold, warm, cache_bytes)
     for kind in kinds:
         for mode in modes:
             for config in configs:
-                if config == "jax" and (kind != "gpt" or not have_jax):
+                if config == "jax" and (kind not in JAX_MODELS or not have_jax):
                     continue
                 tag = f"{config}_{kind}_{mode}"
                 cdir = os.path.join(cache_root, tag)
@@ -552,8 +595,8 @@ def main():
                     common.append("--eager-opt")
                 if a.threads:
                     common += ["--threads", str(a.threads)]
-                if jax_data:
-                    common += ["--jax-data", jax_data]
+                if kind in jax_data:
+                    common += ["--jax-data", jax_data[kind]]
                 print(f"  [{time.perf_counter() - run_start:6.0f} s] {kind} {mode} {CONFIGS[config]}: cold ...",
                       end="", flush=True, file=sys.stderr)
                 cold = _run_worker(common + ["--phase", "cold"], extra, a.timeout)
@@ -570,10 +613,10 @@ def main():
     out("|---|---|---|---:|---:|---:|---:|---|---|---|")
     refs = {(k, m): c for k, m, cfg, c, _, _ in cells if cfg == "cpu-eager"}
     compile_keys = {"tpu-compiled": ("xla_compiles",), "tpu-compiled-fused": ("xla_compiles",),
-                    "tpu-eager": ("xla_compiles",),
+                    "tpu-captured": ("xla_compiles",), "tpu-eager": ("xla_compiles",),
                     "cpu-inductor": ("fxgraph_cache_miss",), "jax": ("xla_compiles",)}
     hit_keys = {"tpu-compiled": ("persistent_cache_hits",), "tpu-compiled-fused": ("persistent_cache_hits",),
-                "tpu-eager": ("persistent_cache_hits",),
+                "tpu-captured": ("persistent_cache_hits",), "tpu-eager": ("persistent_cache_hits",),
                 "cpu-inductor": ("fxgraph_cache_hit",), "jax": ("persistent_cache_hits",)}
     for kind, mode, config, cold, warm, size in cells:
         c_cold = _ms(cold["first_s"]) if cold.get("ok") else _cell_fail(cold)
@@ -597,6 +640,36 @@ def main():
         out(f"| {kind} | {mode} | {CONFIGS[config]} | {c_cold} | {c_warm} | {c_steady} | {c_rate} "
             f"| {c_comp} | {c_hits} | {c_cmp} |")
     out()
+
+    # ---- step capture: time to the first replayed step, steady ratios ------------------------
+    capture_rows = [(k, m, cold, warm) for k, m, cfg, cold, warm, _ in cells if cfg == "tpu-captured"]
+    if capture_rows:
+        out("Step capture (`torch_pjrt.capture_step`): time to the first replayed step (the first call, two "
+            "recorded calls and the first replay, each synced), cold cache and warm cache, and the steady step "
+            "against the other configs of the same run (ratios > 1: the captured step is faster).")
+        out()
+        out("| model | mode | to 1st replay cold (ms) | to 1st replay warm (ms) | warm / cold | replayed | "
+            "steady (ms) | vs tpu compiled | vs cpu eager | vs cpu inductor | vs jax jit | last loss vs cpu eager |")
+        out("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
+        steady = {(k, m, cfg): statistics.median(w["steady_s"]) for k, m, cfg, _, w, _ in cells
+                  if w.get("ok") and w.get("steady_s")}
+        last = {(k, m, cfg): w.get("last_loss") for k, m, cfg, _, w, _ in cells if w.get("ok")}
+        for k, m, cold, warm in capture_rows:
+            tc = cold.get("to_replay_s") if cold.get("ok") else None
+            tw = warm.get("to_replay_s") if warm.get("ok") else None
+            mine = steady.get((k, m, "tpu-captured"))
+
+            def ratio(cfg):
+                other = steady.get((k, m, cfg))
+                return f"{other / mine:.2f}x" if other and mine else "-"
+            ref_loss, my_loss = last.get((k, m, "cpu-eager")), last.get((k, m, "tpu-captured"))
+            loss_cmp = (f"{abs(my_loss - ref_loss) / max(abs(ref_loss), 1e-12):.1e}"
+                        if ref_loss is not None and my_loss is not None else "-")
+            out(f"| {k} | {m} | {_ms(tc) if tc else _cell_fail(cold)} | {_ms(tw) if tw else _cell_fail(warm)} "
+                f"| {f'{tw / tc:.2f}' if tc and tw else '-'} | {'yes' if warm.get('replayed') else 'no'} "
+                f"| {_ms(mine) if mine else '-'} | {ratio('tpu-compiled')} | {ratio('cpu-eager')} "
+                f"| {ratio('cpu-inductor')} | {ratio('jax')} | {loss_cmp} |")
+        out()
 
     # ---- notes ------------------------------------------------------------------------------
     def med_import(name):

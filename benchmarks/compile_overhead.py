@@ -1,18 +1,25 @@
-"""Host time of one compiled training step call (issue 15's per-call overhead).
+"""Host time of one training step call (issue 15's per-call overhead).
 
-The GPT (or MLP/CNN) step of examples/models.py with forward + loss and clip +
-optimizer step each under torch.compile(backend="tpu"), as in
-benchmarks/compile_bench.py. Per warm call, medians over --steps calls:
+The GPT (or MLP/CNN/wide GPT) step of examples/models.py in three forms:
+forward + loss and clip + optimizer step each under
+torch.compile(backend="tpu") as in benchmarks/compile_bench.py, run strictly
+("strict") or inside torch_pjrt.fused() ("fused"); and the eager step wrapped
+in torch_pjrt.capture_step ("captured", replayed from its 4th call). Per warm
+call, medians over --steps calls:
 
   host (launch)    wall time of the call until it returns, the device work
                    queued (strict) or recorded (fused) but not waited for;
   in graph runs    of which inside CompiledGraphFn.__call__ (signature,
-                   argument list, the C++ run: packing, launch or record);
+                   argument list, the C++ run: packing, launch or record),
+                   or, captured, inside the C++ replay;
+  execute calls    of which inside the plugin's PJRT_LoadedExecutable_Execute
+                   (metrics()["execute_call_seconds"]: the launch itself);
   elsewhere        the rest: Dynamo's guards and frame entry, AOTAutograd's
                    runtime wrappers, the autograd engine, eager glue ops;
   step             wall time including the device sync (or the fused flush).
 
-    python benchmarks/compile_overhead.py [--model gpt] [--steps 30] [--markdown]
+    python benchmarks/compile_overhead.py [--model gpt] [--modes strict,fused,captured]
+        [--steps 30] [--markdown]
 """
 import argparse
 import os
@@ -41,21 +48,56 @@ def _timed_call(self, *args):
         _inside[0] += time.perf_counter() - start
 
 
-def measure(kind, fused, steps, warmup):
+_original_replay = torch_pjrt._state.C.capture_replay
+
+
+def _timed_replay(*args):
+    start = time.perf_counter()
+    try:
+        return _original_replay(*args)
+    finally:
+        _inside[0] += time.perf_counter() - start
+
+
+MODES = {"strict": "compiled, strict (one program per graph)",
+         "fused": "compiled, fused (one program)",
+         "captured": "captured step (one program, replayed)"}
+
+
+def measure(kind, mode, steps, warmup):
     model, make_opt, batch_fn, loss_fn = models.build(kind)
     model.to("tpu").train()
     params = list(model.parameters())
     opt = make_opt(params)
     batches = [tuple(t.to("tpu") for t in batch_fn(i)) for i in range(warmup + steps)]
-    step = models.step_fn(model, opt, loss_fn, batches, params, backend="tpu")
+    if mode == "captured":
+        for g in opt.param_groups:  # the step count on the device, so a replay advances it
+            if "capturable" in g:
+                g["capturable"] = True
 
-    host, inside, total = [], [], []
+        @torch_pjrt.capture_step
+        def whole_step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            return loss
+
+        def step(i):
+            return whole_step(*batches[i])
+    else:
+        step = models.step_fn(model, opt, loss_fn, batches, params, backend="tpu")
+    fused = mode == "fused"
+
+    host, inside, execute, total = [], [], [], []
     m0 = None
     for i in range(warmup + steps):
         if i == warmup:
             m0 = torch_pjrt.metrics()
         torch.tpu.synchronize()
         _inside[0] = 0.0
+        e0 = torch_pjrt.metrics()["execute_call_seconds"]
         start = time.perf_counter()
         if fused:
             torch_pjrt._state.C.fused_enter()
@@ -68,38 +110,47 @@ def measure(kind, fused, steps, warmup):
         if i >= warmup:
             host.append(launched - start)
             inside.append(_inside[0])
+            execute.append(torch_pjrt.metrics()["execute_call_seconds"] - e0)
             total.append(done - start)
     m1 = torch_pjrt.metrics()
     n = steps
     return {"host": statistics.median(host), "inside": statistics.median(inside),
+            "execute": statistics.median(execute),
             "elsewhere": statistics.median(h - s for h, s in zip(host, inside)), "step": statistics.median(total),
             "executions": (m1["executions"] - m0["executions"]) / n,
-            "graph_runs": (m1["compiled_graph_runs"] - m0["compiled_graph_runs"]) / n}
+            "graph_runs": (m1["compiled_graph_runs"] - m0["compiled_graph_runs"]) / n,
+            "replays": (m1["capture_replays"] - m0["capture_replays"]) / n}
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="gpt", choices=("mlp", "cnn", "gpt"))
+    parser.add_argument("--model", default="gpt", choices=("mlp", "cnn", "gpt", "gpt-wide"))
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {','.join(MODES)}")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        parser.error(f"unknown mode(s) {bad}: choose from {', '.join(MODES)}")
     graph_fn.CompiledGraphFn.__call__ = _timed_call
-    runs = {False: [], True: []}
+    torch_pjrt._state.C.capture_replay = _timed_replay
+    runs = {m: [] for m in modes}
     for _ in range(args.repeats):
-        for fused in (False, True):
-            runs[fused].append(measure(args.model, fused, args.steps, args.warmup))
-    head = ["compiled step", "host per call (us)", "in graph runs (us)", "elsewhere (us)", "step with wait (ms)",
-            "executions per step", "graph runs per step"]
+        for mode in modes:
+            runs[mode].append(measure(args.model, mode, args.steps, max(args.warmup, 4)))
+    head = ["step", "host per call (us)", "in graph runs / replay (us)", "of which plugin execute calls (us)",
+            "elsewhere (us)", "step with wait (ms)", "executions per step", "replays per step"]
     rows = []
-    for fused in (False, True):
-        r = {k: statistics.median(x[k] for x in runs[fused]) for k in runs[fused][0]}
-        rows.append(["fused (one program)" if fused else "strict (one program per graph)", f"{r['host'] * 1e6:.0f}",
-                     f"{r['inside'] * 1e6:.0f}", f"{r['elsewhere'] * 1e6:.0f}", f"{r['step'] * 1e3:.2f}",
-                     f"{r['executions']:.1f}", f"{r['graph_runs']:.1f}"])
-    print(f"{args.model} training step, torch.compile(backend='tpu'), {args.steps} warm calls, "
-          f"median of {args.repeats} alternating runs' medians, plugin {torch_pjrt.plugin_info()['name']}")
+    for mode in modes:
+        r = {k: statistics.median(x[k] for x in runs[mode]) for k in runs[mode][0]}
+        rows.append([MODES[mode], f"{r['host'] * 1e6:.0f}", f"{r['inside'] * 1e6:.0f}", f"{r['execute'] * 1e6:.0f}",
+                     f"{r['elsewhere'] * 1e6:.0f}", f"{r['step'] * 1e3:.2f}", f"{r['executions']:.1f}",
+                     f"{r['replays']:.1f}"])
+    print(f"{args.model} training step, {args.steps} warm calls, median of {args.repeats} alternating runs' "
+          f"medians, plugin {torch_pjrt.plugin_info()['name']}")
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for r in rows:

@@ -37,6 +37,8 @@ class Config:  # mirrors examples/models.py GPTConfig
     n_layer: int = 2
 
 
+WIDE = Config(block=64, n_embd=128, n_head=4)  # mirrors models.GPT_WIDE
+
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
 LR, BETA1, BETA2, ADAM_EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.999, 1e-8, 0.01  # models.build("gpt")
 CLIP = 1.0  # models.train's clip
@@ -161,16 +163,17 @@ def _adamw(params, grads, state):
     return pick(0), {"step": step, "m": pick(1), "v": pick(2)}
 
 
-def train_step(params, opt_state, idx, targets):
+def train_step(params, opt_state, idx, targets, cfg=Config()):
     """One step: loss, gradients, clip, AdamW. Returns (params, opt_state, loss)."""
-    loss, grads = jax.value_and_grad(loss_fn)(params, idx, targets)
+    loss, grads = jax.value_and_grad(loss_fn)(params, idx, targets, cfg)
     params, opt_state = _adamw(params, _clip(grads), opt_state)
     return params, opt_state, loss
 
 
-def jitted():
+def jitted(cfg=Config()):
     """(jit(forward), jit(train_step) with params and optimizer state donated)."""
-    return jax.jit(forward), jax.jit(train_step, donate_argnums=(0, 1))
+    return (jax.jit(partial(forward, cfg=cfg)),
+            jax.jit(partial(train_step, cfg=cfg), donate_argnums=(0, 1)))
 
 
 # ---- self-check against the torch model -------------------------------------------------------

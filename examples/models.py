@@ -43,6 +43,10 @@ class GPTConfig:
     dropout: float = 0.0
 
 
+# The wider GPT of the compile benchmarks (trained on batches of 4 x 64 tokens).
+GPT_WIDE = GPTConfig(block=64, n_embd=128, n_head=4)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -142,7 +146,7 @@ def gpt_batch(step, cfg=GPTConfig(), batch=8, text=None):
 # ---- one recipe per model: model, optimizer, loss of a batch ---------------------------------
 
 def build(kind, seed=0):
-    """(model, make_optimizer, batch_fn, loss_fn) for 'mlp', 'cnn' or 'gpt' (on CPU)."""
+    """(model, make_optimizer, batch_fn, loss_fn) for 'mlp', 'cnn', 'gpt' or 'gpt-wide' (on CPU)."""
     torch.manual_seed(seed)
     if kind == "mlp":
         model = MLP()
@@ -152,11 +156,12 @@ def build(kind, seed=0):
         model = SmallCNN()
         make_opt = lambda ps: torch.optim.Adam(ps, lr=3e-3)  # noqa: E731
         return model, make_opt, cnn_batch, lambda m, x, y: F.cross_entropy(m(x), y, label_smoothing=0.1)
-    if kind == "gpt":
-        model = GPT()
-        text = gpt_text()
+    if kind in ("gpt", "gpt-wide"):
+        cfg, batch = (GPT_WIDE, 4) if kind == "gpt-wide" else (GPTConfig(), 8)
+        model = GPT(cfg)
+        text = gpt_text(cfg)
         make_opt = lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01)  # noqa: E731
-        return model, make_opt, (lambda s: gpt_batch(s, text=text)), lambda m, x, y: m(x, y)
+        return model, make_opt, (lambda s: gpt_batch(s, cfg, batch, text)), lambda m, x, y: m(x, y)
     raise ValueError(f"unknown model kind {kind!r}")
 
 

@@ -41,7 +41,7 @@ from . import _loader, _plugin, _state, device_module
 
 __all__ = ["metrics", "plugin_info", "supported_ops", "clear_executable_cache", "bucketed", "next_bucket",
            "set_memory_limit", "memory_limit", "set_executable_cache_bounds", "executable_cache_bounds",
-           "checks_enabled", "set_checks"]
+           "checks_enabled", "set_checks", "fused", "capture_step", "CapturedStep"]
 
 
 _chosen_plugin = []  # [name, path] of the PJRT plugin being loaded
@@ -141,6 +141,7 @@ def metrics():
     m = dict(_state.C.metrics())
     m.update(_compile.COUNTERS)
     m.update(_state.C.distributed_metrics())
+    m.update(_state.C.capture_metrics())
     return m
 
 
@@ -171,6 +172,9 @@ class fused:
                 return fn(*args, **kwargs)
 
         return wrapper
+
+
+from .step_capture import CapturedStep, capture_step  # noqa: E402
 
 
 def fused_flush():

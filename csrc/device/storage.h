@@ -31,6 +31,13 @@ struct StorageBuffer {
   // deleter then waits for the device lock (eager/fused.h, fused_forget).
   std::atomic<int32_t> pending{-1};
   int32_t pending_slot = -1;
+  // Unique per storage, increasing: step capture tells storages made during
+  // a step from those that existed before it.
+  uint64_t serial = next_serial();
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> counter{1};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
   int64_t numel() const { return static_cast<int64_t>(nbytes) / lowering::itemsize(dtype); }
 };
 

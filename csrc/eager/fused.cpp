@@ -12,6 +12,7 @@
 // ops travel in one f64 and one s64 vector. Only values of storages still
 // alive at the flush leave the program.
 #include "eager/fused.h"
+#include "eager/fused_trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -40,51 +41,11 @@ using lowering::DType;
 using lowering::TensorType;
 using lowering::Value;
 
+using namespace fused_detail;
+
 namespace {
 
 runtime::Runtime& rt() { return runtime::Runtime::get(); }
-
-struct TraceOp {
-  std::shared_ptr<Plan> plan;
-  int32_t first_code;   // into Trace::codes (one per Storage parameter)
-  int32_t first_value;  // value id of the plan's program output 0
-  int32_t fpack_at, ipack_at;
-  PythonLine where;  // the Python line that called it
-};
-
-struct Trace {
-  int device = -1;
-  std::vector<TraceOp> ops;
-  std::vector<int32_t> codes;  // >= 0: a value id; < 0: ~(external index)
-  std::vector<runtime::BufferPtr> externals;
-  std::vector<const TensorType*> external_types;  // as the first op read it (plan-owned)
-  std::unordered_map<const runtime::Buffer*, int32_t> external_index;
-  std::vector<double> fpack;   // runtime scalars of every op, in order
-  std::vector<int64_t> ipack;  // storage offsets and random keys, in order
-  int32_t next_value = 0;
-  bool checks = false;
-  std::vector<StorageBuffer*> written;  // storages the trace owes (null: died)
-  std::vector<const TensorType*> written_types;  // the type of each one's latest value
-  // (external index, written slot): a storage whose old buffer, an input
-  // here, the trace overwrites; it may be donated to the storage's new value.
-  std::vector<std::pair<int32_t, int32_t>> overwritten;
-  // The structure (what the fused program depends on), built as ops are
-  // recorded: plan serials and input codes, then the values that leave.
-  std::vector<int64_t> structure;
-  uint64_t hash = 1469598103934665603ull;
-  void mix(int64_t v) {
-    structure.push_back(v);
-    hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-  }
-};
-
-struct Entry {
-  std::vector<int64_t> structure;
-  runtime::ExecutablePtr exe;
-  std::vector<std::pair<int32_t, int32_t>> aliases;  // (external, output) donated when safe
-  int seen = 0;
-  bool failed = false;  // the fused program did not compile: op by op
-};
 
 Trace g_trace;  // under the device lock
 std::unordered_map<uint64_t, std::vector<std::shared_ptr<Entry>>> g_entries;
@@ -304,10 +265,12 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
   return b.finish(outs);
 }
 
+}  // namespace
+
 // Each aliased input is donated when the trace holds its only reference (no
 // tensor, other storage or queued execution still reads that buffer);
 // otherwise XLA gives that output a buffer of its own.
-std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs) {
+std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const Entry& e, size_t n_outputs) {
   std::vector<int64_t> donated, kept;
   if (!e.aliases.empty()) {
     rt().release_finished(t.device);  // finished executions let go of their arguments and outputs
@@ -317,8 +280,12 @@ std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t
     }
   }
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
-  if (!t.fpack.empty()) params.push_back(scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
-  if (!t.ipack.empty()) params.push_back(s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
+  if (!t.fpack.empty())
+    params.push_back(t.fpack_buffer ? t.fpack_buffer
+                                    : scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
+  if (!t.ipack.empty())
+    params.push_back(t.ipack_buffer ? t.ipack_buffer
+                                    : s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   if (t.checks) params.push_back(rt().check_word(t.device));
   for (int64_t x : donated) g_stats.donated_bytes += t.externals[x]->bytes();
   std::vector<runtime::BufferPtr> outs = rt().execute(*e.exe, params, t.device, donated, kept);
@@ -328,8 +295,6 @@ std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t
   outs.resize(n_outputs);
   return outs;
 }
-
-}  // namespace
 
 bool fused_active() { return (g_regions.load(std::memory_order_relaxed) > 0 || env_fused()) && !debug_mode(); }
 
@@ -358,30 +323,46 @@ TraceOp begin_op(const std::shared_ptr<Plan>& plan, int device) {
 }
 
 // The input code of a buffer that exists now (an external input of the trace).
-int32_t external_code(Trace& t, const runtime::BufferPtr& buf, const TensorType* type) {
+// `holder`: its storage (none for a buffer made for this call), kept weakly
+// while a step is captured.
+int32_t external_code(Trace& t, const runtime::BufferPtr& buf, const TensorType* type, const c10::Storage& holder) {
   auto [it, fresh] = t.external_index.emplace(buf.get(), static_cast<int32_t>(t.externals.size()));
   if (fresh) {
     t.externals.push_back(buf);
     t.external_types.push_back(type);
+    if (capturing()) {
+      t.external_storage.emplace_back(holder.getWeakStorageImpl());
+      t.external_serial.push_back(holder ? device::storage_of(holder).serial : 0);
+    }
   }
   return ~it->second;
 }
 
+// The storage of `sb` among the op's tensors (step capture only).
+c10::Storage holder_of(const OpInstance& inst, const StorageBuffer* sb) {
+  if (!capturing()) return c10::Storage();
+  for (const Slot& s : inst.slots)
+    if (inst.storages[s.storage] == sb) return s.tensor.storage();
+  return c10::Storage();
+}
+
 // The input code of a storage read as parameter `pi` of the op's plan.
-int32_t storage_code(Trace& t, StorageBuffer* sb, DType dtype, const Plan& p, size_t pi) {
+int32_t storage_code(Trace& t, StorageBuffer* sb, DType dtype, const Plan& p, size_t pi,
+                     const c10::Storage& holder) {
   int32_t code = sb->pending >= 0 ? sb->pending.load()
-                                  : external_code(t, device::ensure_buffer(*sb, dtype), &p.param_types[pi]);
+                                  : external_code(t, device::ensure_buffer(*sb, dtype), &p.param_types[pi], holder);
   t.codes.push_back(code);
   t.mix(code);
   return code;
 }
 
 // `sb` now holds the op's program output `output` (not yet computed).
-void owe(Trace& t, const TraceOp& op, StorageBuffer* sb, int output) {
+void owe(Trace& t, const TraceOp& op, StorageBuffer* sb, int output, const c10::Storage& holder) {
   if (sb->pending_slot < 0) {
     sb->pending_slot = static_cast<int32_t>(t.written.size());
     t.written.push_back(sb);
     t.written_types.push_back(nullptr);
+    if (capturing()) t.written_storage.emplace_back(holder.getWeakStorageImpl());
   }
   if (sb->buffer) {  // the old value: an external input where this op (or an earlier one) reads it
     auto it = t.external_index.find(sb->buffer.get());
@@ -401,7 +382,7 @@ void end_op(Trace& t, const TraceOp& op) {
 
 void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const std::vector<ProgramInput>& inputs,
                           const std::vector<int64_t>& ivalues,
-                          const std::vector<std::pair<StorageBuffer*, int>>& writes) {
+                          const std::vector<std::pair<c10::Storage, int>>& writes) {
   const Plan& p = *plan;
   TraceOp op = begin_op(plan, device);
   Trace& t = g_trace;
@@ -411,9 +392,9 @@ void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const s
       case ParamSource::Storage: {
         const ProgramInput& in = inputs.at(next_input++);
         if (in.storage) {
-          storage_code(t, in.storage, in.dtype, p, pi);
+          storage_code(t, &device::storage_of(in.storage), in.dtype, p, pi, in.storage);
         } else {
-          int32_t code = external_code(t, in.buffer, &p.param_types[pi]);
+          int32_t code = external_code(t, in.buffer, &p.param_types[pi], c10::Storage());
           t.codes.push_back(code);
           t.mix(code);
         }
@@ -422,6 +403,7 @@ void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const s
       case ParamSource::Offsets:
       case ParamSource::Rng: {
         int64_t n = p.param_types[pi].shape.empty() ? 1 : p.param_types[pi].shape[0];
+        if (p.params[pi].kind == ParamSource::Rng) t.rng_at.push_back(static_cast<int32_t>(t.ipack.size()));
         for (int64_t k = 0; k < n; ++k) t.ipack.push_back(ivalues.at(next_ivalue++));
         break;
       }
@@ -432,9 +414,10 @@ void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const s
         TORCH_CHECK(false, "torch_pjrt: fused eager: a program with runtime scalars cannot be recorded");
     }
   }
-  for (const auto& [sb, output] : writes) {
+  for (const auto& [storage, output] : writes) {
+    StorageBuffer* sb = &device::storage_of(storage);
     sb->dtype = p.output_types.at(output).dtype;
-    owe(t, op, sb, output);
+    owe(t, op, sb, output, storage);
   }
   end_op(t, op);
   g_stats.ops_recorded++;
@@ -454,10 +437,14 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
     const ParamSource& ps = p.params[pi];
     switch (ps.kind) {
       case ParamSource::Storage: {
-        storage_code(t, inst.storages[ps.storage], ps.dtype, p, pi);
+        StorageBuffer* sb = inst.storages[ps.storage];
+        storage_code(t, sb, ps.dtype, p, pi, holder_of(inst, sb));
         break;
       }
       case ParamSource::Rng: {
+        if (capturing())
+          for (const auto& a : args) t.explicit_generator |= a.isGenerator() && a.toGenerator().defined();
+        t.rng_at.push_back(static_cast<int32_t>(t.ipack.size()));
         auto key = rng_values(args, device);
         t.ipack.push_back(key.first);
         t.ipack.push_back(key.second);
@@ -481,7 +468,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   for (const Write& w : p.writes) {
     StorageBuffer* sb = inst.storages[w.storage];
     sb->dtype = w.dtype;
-    owe(t, op, sb, w.output);
+    owe(t, op, sb, w.output, holder_of(inst, sb));
   }
   end_op(t, op);
   g_stats.ops_recorded++;
@@ -489,7 +476,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   push_returns(p, inst, stack, [&](const ReturnPlan& rp) -> c10::IValue {
     at::Tensor r = device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, nullptr);
     StorageBuffer& sb = device::storage_of(r);
-    if (sb.nbytes > 0) owe(t, op, &sb, rp.output);
+    if (sb.nbytes > 0) owe(t, op, &sb, rp.output, capturing() ? r.storage() : c10::Storage());
     return r;
   });
   return true;
@@ -579,6 +566,7 @@ void fused_flush(const char* reason) {
     g_stats.cache_hits++;
   }
   e->seen++;
+  if (capturing()) capture_flushed(t, live, e, why);
   if (e->exe) {
     try {
       assign(run_fused(t, *e, outputs.size()));

@@ -39,13 +39,13 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
 // order; `writes`: storages that receive a program output (mutated inputs,
 // fresh results). The caller holds the device lock.
 struct ProgramInput {
-  device::StorageBuffer* storage = nullptr;
+  c10::Storage storage;  // none: `buffer` is the value
   std::shared_ptr<runtime::Buffer> buffer;
   lowering::DType dtype = lowering::DType::F32;
 };
 void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const std::vector<ProgramInput>& inputs,
                           const std::vector<int64_t>& ivalues,
-                          const std::vector<std::pair<device::StorageBuffer*, int>>& writes);
+                          const std::vector<std::pair<c10::Storage, int>>& writes);
 
 // Runs the pending trace now (nothing when there is none); `reason` is
 // counted in metrics (fused_flushes_by_reason).

@@ -301,18 +301,18 @@ Recorded record(const CompiledGraph& g, const runtime::ExecutablePtr& exe, const
   for (const ParamSource& p : g.params) {
     switch (p.kind) {
       case ParamSource::Storage:
-        ins.push_back({&device::storage_of(inputs.at(p.input)), nullptr, p.dtype});
+        ins.push_back({inputs.at(p.input).storage(), nullptr, p.dtype});
         break;
       case ParamSource::Input: {
         const at::Tensor& t = inputs.at(p.input);
         if (t.device().type() == c10::DeviceType::PrivateUse1)
-          ins.push_back({&device::storage_of(t), nullptr, device::to_dtype(t.scalar_type())});
+          ins.push_back({t.storage(), nullptr, device::to_dtype(t.scalar_type())});
         else
-          ins.push_back({nullptr, upload_cpu_input(p, t, device), device::to_dtype(t.scalar_type())});
+          ins.push_back({c10::Storage(), upload_cpu_input(p, t, device), device::to_dtype(t.scalar_type())});
         break;
       }
       case ParamSource::CpuPack:
-        ins.push_back({nullptr, upload_pack(p, inputs, device), p.dtype});
+        ins.push_back({c10::Storage(), upload_pack(p, inputs, device), p.dtype});
         break;
       case ParamSource::Offset:
         ivalues.push_back(inputs.at(p.input).storage_offset());
@@ -327,8 +327,8 @@ Recorded record(const CompiledGraph& g, const runtime::ExecutablePtr& exe, const
         break;
     }
   }
-  std::vector<std::pair<device::StorageBuffer*, int>> writes;
-  for (const auto& [input, output] : g.mutations) writes.emplace_back(&device::storage_of(inputs.at(input)), output);
+  std::vector<std::pair<c10::Storage, int>> writes;
+  for (const auto& [input, output] : g.mutations) writes.emplace_back(inputs.at(input).storage(), output);
   results->reserve(g.outputs.size());
   for (const OutputSpec& o : g.outputs) {
     std::vector<int64_t> strides = o.strides;
@@ -337,8 +337,7 @@ Recorded record(const CompiledGraph& g, const runtime::ExecutablePtr& exe, const
       strides.assign(cs.begin(), cs.end());
     }
     results->push_back(device::wrap_buffer(o.sizes, strides, device::to_scalar_type(o.dtype), device, nullptr));
-    device::StorageBuffer& sb = device::storage_of(results->back());
-    if (sb.nbytes > 0) writes.emplace_back(&sb, o.program_output);
+    if (device::storage_of(results->back()).nbytes > 0) writes.emplace_back(results->back().storage(), o.program_output);
   }
   g.fused_plan->exe = exe;  // (the cache may evict and reload it)
   eager::fused_record_program(g.fused_plan, device, ins, ivalues, writes);

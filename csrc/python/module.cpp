@@ -14,6 +14,7 @@
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "python/distributed_bindings.h"
+#include "python/capture_bindings.h"
 #include "python/graph_bindings.h"
 #include "python/readiness_bindings.h"
 #include "runtime/pjrt_runtime.h"
@@ -138,6 +139,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["executable_cache_hits"] = mt.executable_cache_hits.load();
     d["executable_cache_misses"] = mt.executable_cache_misses.load();
     d["executions"] = mt.executions.load();
+    d["execute_call_seconds"] = mt.execute_call_seconds.load();
     d["host_to_device_bytes"] = mt.host_to_device_bytes.load();
     d["device_to_host_bytes"] = mt.device_to_host_bytes.load();
     d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
@@ -210,6 +212,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("registered_lowerings", &lowering::registered_lowerings);
   m.def("lowering_table", &lowering::lowering_table);
   python::bind_graph(m);
+  python::bind_capture(m);
   python::bind_readiness(m);
   python::bind_distributed(m);
 }

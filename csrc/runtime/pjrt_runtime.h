@@ -24,6 +24,8 @@ struct Metrics {
   std::atomic<int64_t> executable_cache_hits{0};
   std::atomic<int64_t> executable_cache_misses{0};
   std::atomic<int64_t> executions{0};
+  // Host time spent inside the plugin's execute call (launching, not running).
+  std::atomic<double> execute_call_seconds{0.0};
   std::atomic<int64_t> host_to_device_bytes{0};
   std::atomic<int64_t> device_to_host_bytes{0};
   std::atomic<int64_t> device_to_device_bytes{0};

@@ -36,8 +36,12 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   ex.output_lists = &out_list;
   ex.device_complete_events = &done;
   ex.execute_device = devices_[device];
+  auto launch = std::chrono::steady_clock::now();
   check(api_->PJRT_LoadedExecutable_Execute(&ex), "execute");
   metrics().executions++;
+  metrics().execute_call_seconds =
+      metrics().execute_call_seconds.load() +
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count();
   for (int64_t i : donated) args[i]->mark_donated();
   std::vector<BufferPtr> result;
   result.reserve(outputs.size());

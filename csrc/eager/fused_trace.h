@@ -1,0 +1,87 @@
+// The structures of a fused eager trace and its cache entry, shared by the
+// recorder (fused.cpp) and step capture (step_capture.cpp), which replays a
+// recorded trace without running the Python that recorded it.
+#pragma once
+
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "device/storage.h"
+#include "eager/plan.h"
+#include "eager/python_line.h"
+#include "lowering/types.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::eager::fused_detail {
+
+struct TraceOp {
+  std::shared_ptr<Plan> plan;
+  int32_t first_code;   // into Trace::codes (one per Storage parameter)
+  int32_t first_value;  // value id of the plan's program output 0
+  int32_t fpack_at, ipack_at;
+  PythonLine where;  // the Python line that called it
+};
+
+using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+struct Trace {
+  int device = -1;
+  std::vector<TraceOp> ops;
+  std::vector<int32_t> codes;  // >= 0: a value id; < 0: ~(external index)
+  std::vector<runtime::BufferPtr> externals;
+  std::vector<const lowering::TensorType*> external_types;  // as the first op read it (plan-owned)
+  std::unordered_map<const runtime::Buffer*, int32_t> external_index;
+  std::vector<double> fpack;   // runtime scalars of every op, in order
+  std::vector<int64_t> ipack;  // storage offsets and random keys, in order
+  std::vector<int32_t> rng_at;  // where in ipack each random key (2 values) is
+  // The packs already on the device (a replayed step's, which do not change).
+  runtime::BufferPtr fpack_buffer, ipack_buffer;
+  int32_t next_value = 0;
+  bool checks = false;
+  std::vector<device::StorageBuffer*> written;  // storages the trace owes (null: died)
+  std::vector<const lowering::TensorType*> written_types;  // the type of each one's latest value
+  // (external index, written slot): a storage whose old buffer, an input
+  // here, the trace overwrites; it may be donated to the storage's new value.
+  std::vector<std::pair<int32_t, int32_t>> overwritten;
+  // The structure (what the fused program depends on), built as ops are
+  // recorded: plan serials and input codes, then the values that leave.
+  std::vector<int64_t> structure;
+  uint64_t hash = 1469598103934665603ull;
+  void mix(int64_t v) {
+    structure.push_back(v);
+    hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  }
+  // Filled only while a step is captured: the storage each external and
+  // each written slot belongs to (weakly held: a capture must not keep
+  // values alive that would otherwise die), the externals' storage serials,
+  // and whether a random op named its own generator.
+  std::vector<WeakStorage> external_storage, written_storage;
+  std::vector<uint64_t> external_serial;
+  bool explicit_generator = false;
+};
+
+struct Entry {
+  std::vector<int64_t> structure;
+  runtime::ExecutablePtr exe;
+  std::vector<std::pair<int32_t, int32_t>> aliases;  // (external, output) donated when safe
+  int seen = 0;
+  bool failed = false;  // the fused program did not compile: op by op
+};
+
+// Runs `t` as the entry's fused program; the first n_outputs results are the
+// values that leave. The caller holds the device lock.
+std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs);
+
+// Step capture (step_capture.cpp): whether a capture is recording, and the
+// hook a flush calls while one is, with the values that leave (value id,
+// storage) and the trace's cache entry.
+bool capturing();
+void capture_flushed(const Trace& t, const std::vector<std::pair<int32_t, device::StorageBuffer*>>& live,
+                     const std::shared_ptr<Entry>& e, const char* why);
+
+}  // namespace torch_pjrt::eager::fused_detail

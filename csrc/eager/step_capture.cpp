@@ -1,0 +1,467 @@
+// Step capture: recording a step's fused trace with where each of its inputs
+// and outputs lives, checking that two consecutive recordings agree, and
+// replaying the trace's fused program on new arguments.
+//
+// An input of the trace (an "external") is resolved to one of: an argument
+// of the step (read from the argument passed at replay), a storage that
+// existed before the step (read from that storage's current buffer: weights,
+// optimizer state, accumulated gradients), or a constant (a buffer made
+// during the step, such as a host upload, or a compiled graph's constant).
+// Values that leave go back to the argument's or existing storage, or into a
+// new tensor for each value the step returned. Whatever the Python did around
+// the ops (host scalars, view offsets, uploads) is checked to be the same in
+// two recordings; if it is not, the step is not replayed (see
+// capture_problem) and runs traced on every call instead, which is always
+// correct.
+#include "eager/step_capture.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <cstring>
+
+#include "device/device_lock.h"
+#include "device/dtype_map.h"
+#include "device/generator.h"
+#include "eager/fused.h"
+#include "eager/fused_trace.h"
+#include "eager/plan.h"
+
+namespace torch_pjrt::eager {
+
+using device::StorageBuffer;
+using fused_detail::Entry;
+using fused_detail::Trace;
+using fused_detail::WeakStorage;
+using lowering::DType;
+
+namespace {
+
+runtime::Runtime& rt() { return runtime::Runtime::get(); }
+
+// One flush while a step is recorded: a copy of what replay and the
+// comparison need.
+struct Flushed {
+  std::shared_ptr<Entry> entry;
+  std::string why;
+  int device = 0;
+  bool checks = false, explicit_generator = false;
+  std::vector<runtime::BufferPtr> externals;  // null unless made during the step
+  std::vector<int64_t> external_bytes;
+  std::vector<WeakStorage> external_storage;
+  std::vector<uint64_t> external_serial;
+  std::vector<DType> external_dtypes;
+  std::vector<double> fpack;
+  std::vector<int64_t> ipack;
+  std::vector<int32_t> rng_at;
+  std::vector<WeakStorage> output_storage;
+  std::vector<DType> output_dtypes;
+  // Per op, for messages: its name and where its scalars and offsets start.
+  std::vector<std::string> op_names;
+  std::vector<std::pair<int32_t, int32_t>> op_packs;
+};
+
+std::atomic<bool> g_on{false};
+uint64_t g_begin_serial = 0;     // storages with a serial below existed before the step
+std::vector<Flushed> g_flushed;  // under the device lock
+CaptureStats g_stats;
+
+}  // namespace
+
+// Where a value of the recorded trace comes from or goes to.
+struct Source {
+  enum Kind { Arg, Held, Const, Returned } kind = Const;
+  int index = -1;            // Arg: the argument; Returned: the returned storage
+  c10::Storage storage;      // Held
+  runtime::BufferPtr buffer; // Const: the value (also kept for the comparison)
+  uint64_t serial = 0;       // Held and Arg: the storage's serial when recorded
+  DType dtype = DType::F32;
+  int64_t bytes = 0;         // inputs: the buffer's size when recorded
+};
+
+struct ReturnedTensor {
+  int fresh = -1;  // >= 0: the index of its storage among those the step made and wrote
+  at::Tensor same;  // fresh < 0: returned as it is
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  bool whole = false;  // contiguous at offset 0
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+struct Recording {
+  std::string problem;  // non-empty: not replayable
+  // Per argument, the first argument sharing its storage (or -1: not a tpu
+  // tensor), and the serials of held storages, sorted: a replay whose
+  // arguments alias differently, or alias a held storage, is not this
+  // recording's step.
+  std::vector<int> arg_alias;
+  std::vector<uint64_t> held_serials;
+  // The scalar and offset packs uploaded once (the offsets only when the
+  // step draws no random keys), under the device lock.
+  mutable runtime::BufferPtr fpack_buffer, ipack_buffer;
+  Flushed f;
+  std::vector<Source> inputs, outputs;
+  std::vector<ReturnedTensor> returned;
+  int fresh_storages = 0;
+};
+
+bool fused_detail::capturing() { return g_on.load(std::memory_order_relaxed); }
+
+void fused_detail::capture_flushed(const Trace& t, const std::vector<std::pair<int32_t, StorageBuffer*>>& live,
+                                   const std::shared_ptr<Entry>& e, const char* why) {
+  Flushed f;
+  f.entry = e;
+  f.why = why;
+  f.device = t.device;
+  f.checks = t.checks;
+  f.explicit_generator = t.explicit_generator;
+  f.external_storage = t.external_storage;
+  f.external_serial = t.external_serial;
+  // Only values made during the step (possible constants) are kept: holding
+  // the others would stop the fused run from donating them.
+  for (size_t x = 0; x < t.externals.size(); ++x) {
+    uint64_t serial = t.external_serial[x];
+    f.externals.push_back(serial == 0 || serial >= g_begin_serial ? t.externals[x] : nullptr);
+    f.external_bytes.push_back(t.externals[x]->bytes());
+  }
+  for (const auto* type : t.external_types) f.external_dtypes.push_back(type->dtype);
+  f.fpack = t.fpack;
+  f.ipack = t.ipack;
+  f.rng_at = t.rng_at;
+  for (const auto& [v, sb] : live) {
+    f.output_storage.push_back(t.written_storage.at(sb->pending_slot));
+    f.output_dtypes.push_back(t.written_types.at(sb->pending_slot)->dtype);
+  }
+  for (const auto& op : t.ops) {
+    f.op_names.push_back(op.plan->op_name);
+    f.op_packs.emplace_back(op.fpack_at, op.ipack_at);
+  }
+  g_flushed.push_back(std::move(f));
+}
+
+void capture_begin() {
+  fused_flush("capture");  // work recorded before the step is not part of it
+  device::DeviceLock lock;
+  TORCH_CHECK(!g_on.load(), "torch_pjrt: capture_step: a step is already being recorded (steps do not nest)");
+  g_flushed.clear();
+  g_begin_serial = StorageBuffer::next_serial();
+  g_on.store(true);
+}
+
+void capture_abort() {
+  device::DeviceLock lock;
+  g_on.store(false);
+  g_flushed.clear();
+}
+
+namespace {
+
+uint64_t serial_of(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.storage()
+             ? device::storage_of(t).serial
+             : 0;
+}
+
+std::vector<int> alias_pattern(const std::vector<uint64_t>& serials) {
+  std::vector<int> pattern;
+  for (size_t i = 0; i < serials.size(); ++i) {
+    int first = serials[i] ? static_cast<int>(i) : -1;
+    for (size_t j = 0; j < i && serials[i]; ++j)
+      if (serials[j] == serials[i]) {
+        first = static_cast<int>(j);
+        break;
+      }
+    pattern.push_back(first);
+  }
+  return pattern;
+}
+
+int arg_with_serial(const std::vector<uint64_t>& serials, uint64_t s) {
+  for (size_t i = 0; i < serials.size(); ++i)
+    if (serials[i] == s && s != 0) return static_cast<int>(i);
+  return -1;
+}
+
+void resolve(Recording& r, const std::vector<at::Tensor>& args, const std::vector<at::Tensor>& returned) {
+  const Flushed& f = r.f;
+  if (f.explicit_generator) {
+    r.problem = "a random op in the step uses a generator of its own (replay draws from the default generator)";
+    return;
+  }
+  std::vector<uint64_t> arg_serials;
+  for (const at::Tensor& a : args) arg_serials.push_back(serial_of(a));
+  r.arg_alias = alias_pattern(arg_serials);
+  for (size_t x = 0; x < f.externals.size(); ++x) {
+    Source s;
+    s.dtype = f.external_dtypes[x];
+    s.serial = f.external_serial[x];
+    s.bytes = f.external_bytes[x];
+    c10::Storage st(f.external_storage[x].lock());
+    int arg = arg_with_serial(arg_serials, s.serial);
+    if (arg >= 0) {
+      s.kind = Source::Arg;
+      s.index = arg;
+    } else if (s.serial == 0 || s.serial >= g_begin_serial) {
+      s.kind = Source::Const;  // made during the step (an upload), or no storage (a graph's constant)
+      s.buffer = f.externals[x];
+    } else if (!st) {
+      r.problem = "a tensor the step reads was replaced during the step (its storage died), so a replay "
+                  "could not find its next value";
+      return;
+    } else {
+      s.kind = Source::Held;
+      s.storage = st;
+    }
+    r.inputs.push_back(std::move(s));
+  }
+  std::vector<uint64_t> returned_serials;
+  for (const at::Tensor& t : returned) returned_serials.push_back(serial_of(t));
+  std::vector<uint64_t> fresh;  // serials of returned storages the step made and writes
+  for (size_t j = 0; j < f.output_storage.size(); ++j) {
+    Source s;
+    s.dtype = f.output_dtypes[j];
+    c10::Storage st(f.output_storage[j].lock());
+    TORCH_CHECK(st, "torch_pjrt: capture_step: a value that leaves the step has no storage");
+    s.serial = device::storage_of(st).serial;
+    int arg = arg_with_serial(arg_serials, s.serial);
+    bool made_here = s.serial >= g_begin_serial;
+    if (arg >= 0) {
+      s.kind = Source::Arg;
+      s.index = arg;
+    } else if (made_here && arg_with_serial(returned_serials, s.serial) >= 0) {
+      s.kind = Source::Returned;
+      s.index = static_cast<int>(fresh.size());
+      fresh.push_back(s.serial);
+    } else {
+      s.kind = Source::Held;
+      s.storage = st;
+    }
+    r.outputs.push_back(std::move(s));
+  }
+  r.fresh_storages = static_cast<int>(fresh.size());
+  for (const Source& s : r.inputs)
+    if (s.kind == Source::Held) r.held_serials.push_back(s.serial);
+  for (const Source& s : r.outputs)
+    if (s.kind == Source::Held) r.held_serials.push_back(device::storage_of(s.storage).serial);
+  std::sort(r.held_serials.begin(), r.held_serials.end());
+  for (const at::Tensor& t : returned) {
+    ReturnedTensor rt_;
+    uint64_t s = serial_of(t);
+    int k = arg_with_serial(fresh, s);
+    if (k < 0 && arg_with_serial(arg_serials, s) >= 0) {
+      r.problem = "the step returns one of its arguments (or a view of one)";
+      return;
+    }
+    rt_.fresh = k;
+    if (k < 0) {
+      rt_.same = t;
+    } else {
+      rt_.sizes = t.sizes().vec();
+      rt_.strides = t.strides().vec();
+      rt_.offset = t.storage_offset();
+      rt_.dtype = t.scalar_type();
+      rt_.whole = rt_.offset == 0 && t.is_contiguous();
+    }
+    r.returned.push_back(std::move(rt_));
+  }
+}
+
+std::vector<char> host_bytes(const runtime::BufferPtr& b) {
+  std::vector<char> v(static_cast<size_t>(b->bytes()));
+  if (!v.empty()) rt().buffer_to_host(*b, v.data(), v.size());
+  return v;
+}
+
+// The op whose pack entry `at` is (fpack when `scalars`, else ipack).
+std::string op_at(const Flushed& f, int64_t at, bool scalars) {
+  std::string name = "an op";
+  for (size_t k = 0; k < f.op_packs.size(); ++k)
+    if ((scalars ? f.op_packs[k].first : f.op_packs[k].second) <= at) name = f.op_names[k];
+  return name;
+}
+
+}  // namespace
+
+std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, const std::vector<at::Tensor>& returned) {
+  fused_flush("capture");
+  device::DeviceLock lock;
+  g_on.store(false);
+  std::vector<Flushed> flushed = std::move(g_flushed);
+  g_flushed.clear();
+  auto r = std::make_shared<Recording>();
+  g_stats.recordings++;
+  auto early = std::find_if(flushed.begin(), flushed.end(), [](const Flushed& f) { return f.why != "capture"; });
+  if (flushed.empty()) {
+    r->problem = "the step recorded no work on tpu";
+  } else if (early != flushed.end()) {
+    // A value the step's Python read (or the host needed) during the step: a
+    // replay would not produce it there.
+    r->problem = "something needed a value during the step (flush reason '" + early->why +
+                 "': a host read such as .item() or print, a CPU fallback, or more ops than "
+                 "TORCH_PJRT_FUSED_MAX_OPS), so the step ran in " + std::to_string(flushed.size()) + " piece(s)";
+  } else {
+    r->f = std::move(flushed[0]);
+    resolve(*r, args, returned);
+    r->f.externals.clear();  // (the constants are in r->inputs)
+  }
+  return r;
+}
+
+std::string recording_problem(const Recording& r) { return r.problem; }
+
+std::string capture_problem(const Recording& a, const Recording& b) {
+  if (!b.problem.empty()) return b.problem;
+  if (!a.problem.empty()) return a.problem;
+  if (a.f.entry != b.f.entry) return "two calls recorded different work (other ops, shapes or values leaving)";
+  if (!b.f.entry->exe) return "its fused program did not compile";
+  if (a.inputs.size() != b.inputs.size() || a.outputs.size() != b.outputs.size()) return "two calls recorded different inputs";
+  for (size_t x = 0; x < a.inputs.size(); ++x) {
+    const Source &p = a.inputs[x], &q = b.inputs[x];
+    if (p.kind != q.kind || p.index != q.index || (p.kind == Source::Held && p.serial != q.serial))
+      return "two calls read different tensors (state replaced between steps rather than updated in place)";
+    if (p.kind == Source::Const && p.buffer != q.buffer && host_bytes(p.buffer) != host_bytes(q.buffer))
+      return "data copied from the host during the step changes between calls (a CPU tensor moved to tpu, "
+             "torch.tensor(...)): pass it to the step as a tpu tensor argument";
+  }
+  for (size_t j = 0; j < a.outputs.size(); ++j)
+    if (a.outputs[j].kind != b.outputs[j].kind || a.outputs[j].index != b.outputs[j].index ||
+        a.outputs[j].dtype != b.outputs[j].dtype)
+      return "two calls wrote different tensors";
+  for (size_t k = 0; k < a.f.fpack.size(); ++k)
+    if (a.f.fpack[k] != b.f.fpack[k] && !(a.f.fpack[k] != a.f.fpack[k] && b.f.fpack[k] != b.f.fpack[k]))
+      return "a host scalar of " + op_at(b.f, static_cast<int64_t>(k), true) +
+             " changes between calls (a Python number that changes each step, such as a learning rate "
+             "schedule or an optimizer's step count kept on the CPU: pass capturable=True to the optimizer)";
+  std::vector<char> is_rng(a.f.ipack.size(), 0);
+  for (int32_t at : b.f.rng_at) is_rng.at(at) = is_rng.at(at + 1) = 1;
+  for (size_t k = 0; k < a.f.ipack.size(); ++k)
+    if (!is_rng[k] && a.f.ipack[k] != b.f.ipack[k])
+      return "a view offset of " + op_at(b.f, static_cast<int64_t>(k), false) + " changes between calls";
+  if (a.returned.size() != b.returned.size()) return "two calls returned different tensors";
+  for (size_t i = 0; i < a.returned.size(); ++i)
+    if ((a.returned[i].fresh < 0) != (b.returned[i].fresh < 0)) return "two calls returned different tensors";
+  return "";
+}
+
+std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vector<at::Tensor>& args) {
+  TORCH_CHECK(r.problem.empty(), "torch_pjrt: capture_step: not replayable: ", r.problem);
+  fused_flush("capture");  // work recorded before this call comes first
+  device::DeviceLock lock;
+  std::vector<uint64_t> serials;
+  serials.reserve(args.size());
+  for (const at::Tensor& a : args) {
+    serials.push_back(serial_of(a));
+    if (std::binary_search(r.held_serials.begin(), r.held_serials.end(), serials.back())) return std::nullopt;
+  }
+  if (alias_pattern(serials) != r.arg_alias) return std::nullopt;
+  const Flushed& f = r.f;
+  const int device = f.device;
+  Trace t;
+  t.device = device;
+  t.checks = f.checks;
+  t.fpack = f.fpack;
+  t.ipack = f.ipack;
+  if (!f.fpack.empty() && !r.fpack_buffer)
+    r.fpack_buffer = scalar_pack_buffer(f.fpack.data(), static_cast<int64_t>(f.fpack.size()), device);
+  if (!f.ipack.empty() && f.rng_at.empty() && !r.ipack_buffer)
+    r.ipack_buffer = s64_buffer(f.ipack.data(), static_cast<int64_t>(f.ipack.size()), device);
+  t.fpack_buffer = r.fpack_buffer;
+  t.ipack_buffer = r.ipack_buffer;
+  for (int32_t at : f.rng_at) {
+    auto key = device::next_rng_key(std::nullopt, device);
+    t.ipack[at] = static_cast<int64_t>(key.first);
+    t.ipack[at + 1] = static_cast<int64_t>(key.second);
+  }
+  auto storage_for = [&](const Source& s) -> StorageBuffer& {
+    if (s.kind == Source::Held) return device::storage_of(s.storage);
+    const at::Tensor& a = args.at(s.index);
+    TORCH_CHECK(a.device().type() == c10::DeviceType::PrivateUse1 && a.device().index() == device,
+                "torch_pjrt: capture_step: argument ", s.index, " is on ", a.device(), ", recorded on tpu:", device);
+    return device::storage_of(a);
+  };
+  t.externals.reserve(r.inputs.size());
+  for (size_t x = 0; x < r.inputs.size(); ++x) {
+    const Source& s = r.inputs[x];
+    if (s.kind == Source::Const) {
+      t.externals.push_back(s.buffer);
+      continue;
+    }
+    const runtime::BufferPtr& b = device::ensure_buffer(storage_for(s), s.dtype);
+    TORCH_CHECK(b->bytes() == s.bytes, "torch_pjrt: capture_step: an input of the recorded step now holds ", b->bytes(),
+                " bytes, recorded with ", s.bytes);
+    t.externals.push_back(b);
+  }
+  // Inputs the program overwrites leave their storages for the call, so the
+  // program may reuse their memory (donation); put back if the run fails.
+  std::vector<std::pair<StorageBuffer*, int32_t>> taken;  // (storage, external)
+  for (const auto& [x, out] : f.entry->aliases) {
+    const Source& s = r.inputs[x];
+    if (s.kind == Source::Const) continue;
+    StorageBuffer& sb = storage_for(s);
+    if (sb.buffer == t.externals[x]) {
+      taken.emplace_back(&sb, x);
+      sb.buffer.reset();
+    }
+  }
+  std::vector<runtime::BufferPtr> outs;
+  try {
+    outs = fused_detail::run_fused(t, *f.entry, r.outputs.size());
+  } catch (...) {
+    for (auto& [sb, x] : taken)
+      if (!t.externals[x]->donated()) sb->buffer = t.externals[x];
+    throw;
+  }
+  std::vector<runtime::BufferPtr> fresh(r.fresh_storages);
+  std::vector<DType> fresh_dtypes(r.fresh_storages);
+  for (size_t j = 0; j < r.outputs.size(); ++j) {
+    const Source& s = r.outputs[j];
+    if (s.kind == Source::Returned) {
+      fresh[s.index] = outs[j];
+      fresh_dtypes[s.index] = s.dtype;
+      continue;
+    }
+    StorageBuffer& sb = storage_for(s);
+    sb.buffer = outs[j];
+    sb.dtype = s.dtype;
+  }
+  // One new storage per returned value; returned tensors are views of it.
+  std::vector<at::Tensor> bases(r.fresh_storages);
+  std::vector<at::Tensor> result;
+  for (const ReturnedTensor& rt_ : r.returned) {
+    if (rt_.fresh < 0) {
+      result.push_back(rt_.same);
+      continue;
+    }
+    at::Tensor& base = bases[rt_.fresh];
+    const runtime::BufferPtr& b = fresh[rt_.fresh];
+    int64_t n = b->bytes() / static_cast<int64_t>(c10::elementSize(rt_.dtype));
+    if (!base.defined() && rt_.whole && n == c10::multiply_integers(rt_.sizes)) {
+      base = device::wrap_buffer(rt_.sizes, rt_.strides, rt_.dtype, device, b);  // no view needed
+      device::storage_of(base).dtype = fresh_dtypes[rt_.fresh];
+      result.push_back(base);
+      continue;
+    }
+    if (!base.defined()) {
+      base = device::wrap_buffer({n}, {1}, rt_.dtype, device, b);
+      device::storage_of(base).dtype = fresh_dtypes[rt_.fresh];
+    }
+    result.push_back(base.as_strided(rt_.sizes, rt_.strides, rt_.offset));
+  }
+  g_stats.replays++;
+  return result;
+}
+
+CaptureStats capture_stats() {
+  device::DeviceLock lock;
+  return g_stats;
+}
+
+void count_not_replayable() {
+  device::DeviceLock lock;
+  g_stats.not_replayable++;
+}
+
+}  // namespace torch_pjrt::eager

@@ -1,0 +1,61 @@
+#include "python/capture_bindings.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "eager/step_capture.h"
+
+namespace py = pybind11;
+
+namespace torch_pjrt::python {
+
+namespace {
+// The recording, opaque to Python.
+struct RecordingHandle {
+  std::shared_ptr<eager::Recording> r;
+};
+}  // namespace
+
+void bind_capture(py::module& m) {
+  py::class_<RecordingHandle>(m, "StepRecording");
+  // Each releases the GIL: they take the device lock, which is never
+  // waited for while holding the GIL.
+  m.def("capture_begin", [] {
+    py::gil_scoped_release release;
+    eager::capture_begin();
+  });
+  m.def("capture_abort", [] {
+    py::gil_scoped_release release;
+    eager::capture_abort();
+  });
+  m.def("capture_end", [](const std::vector<at::Tensor>& args, const std::vector<at::Tensor>& returned) {
+    py::gil_scoped_release release;
+    return RecordingHandle{eager::capture_end(args, returned)};
+  });
+  m.def("capture_problem", [](const RecordingHandle& a, const RecordingHandle& b) {
+    py::gil_scoped_release release;
+    return eager::capture_problem(*a.r, *b.r);
+  });
+  m.def("capture_recording_problem", [](const RecordingHandle& r) { return eager::recording_problem(*r.r); });
+  m.def("capture_replay", [](const RecordingHandle& r, const std::vector<at::Tensor>& args) {
+    py::gil_scoped_release release;
+    return eager::replay(*r.r, args);
+  });
+  m.def("capture_count_not_replayable", [] {
+    py::gil_scoped_release release;
+    eager::count_not_replayable();
+  });
+  m.def("capture_metrics", [] {
+    eager::CaptureStats s;
+    {
+      py::gil_scoped_release release;
+      s = eager::capture_stats();
+    }
+    py::dict d;
+    d["capture_recordings"] = s.recordings;
+    d["capture_replays"] = s.replays;
+    d["capture_not_replayable"] = s.not_replayable;
+    return d;
+  });
+}
+
+}  // namespace torch_pjrt::python

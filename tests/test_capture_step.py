@@ -1,0 +1,332 @@
+"""torch_pjrt.capture_step: a whole step recorded under fused eager and
+replayed as one XLA program. Every replayed result is compared with the same
+step run by PyTorch on CPU (float32: rtol/atol 1e-5 per step, as in
+tests/test_training.py); replays that cannot be exact must fall back to
+running the step, never return stale values."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RTOL = ATOL = 1e-5
+
+
+def _model(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(dropout),
+                               torch.nn.Linear(32, 4))
+
+
+def _batches(n, rows=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(n)]
+
+
+def _train_step(model, opt, clip=1.0):
+    params = list(model.parameters())
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        return loss
+    return step
+
+
+def _pair(capturable=True, opt_cls=torch.optim.AdamW, **opt_kw):
+    """(cpu model, cpu step, tpu model, tpu step): the same weights and recipe."""
+    ref, dev = _model(), _model().to("tpu")
+    opt_r = opt_cls(ref.parameters(), lr=1e-2, **opt_kw)
+    kw = dict(opt_kw, capturable=True) if capturable else opt_kw
+    opt_d = opt_cls(dev.parameters(), lr=1e-2, **kw)
+    return ref, _train_step(ref, opt_r), dev, _train_step(dev, opt_d)
+
+
+def _delta(before, key):
+    return torch_pjrt.metrics()[key] - before[key]
+
+
+def test_training_step_replays_one_program_and_matches_cpu():
+    ref, step_r, dev, step_d = _pair()
+    captured = torch_pjrt.capture_step(step_d)
+    for i, (x, y) in enumerate(_batches(10)):
+        m0 = torch_pjrt.metrics()
+        loss = captured(x.to("tpu"), y.to("tpu"))
+        if i >= 3:  # warm-up, two recordings, then replays
+            assert _delta(m0, "capture_replays") == 1
+            assert _delta(m0, "executions") == 1, "a replayed step is one execution"
+            assert loss.grad_fn is None
+        torch.testing.assert_close(loss.cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+        for p, q in zip(ref.parameters(), dev.parameters()):
+            torch.testing.assert_close(q.cpu(), p.detach(), rtol=RTOL, atol=ATOL)
+    assert captured.replayable(x.to("tpu"), y.to("tpu")) == (True, None)
+    for p, q in zip(ref.parameters(), dev.parameters()):  # gradients are visible after a replay
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=RTOL, atol=ATOL)
+
+
+def test_sgd_momentum_and_decorator_form():
+    ref, dev = _model(), _model().to("tpu")
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.1, momentum=0.9)
+    step_r = _train_step(ref, opt_r)
+
+    @torch_pjrt.capture_step(warmup=0)
+    def step_d(x, y):
+        return _train_step(dev, opt_d)(x, y)
+
+    for x, y in _batches(8):
+        torch.testing.assert_close(step_d(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    assert torch_pjrt.metrics()["capture_replays"] > 0
+    for p, q in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_donation_never_corrupts_and_memory_stays_flat():
+    ref, step_r, dev, step_d = _pair()
+    captured = torch_pjrt.capture_step(step_d)
+    batches = _batches(12)
+    kept_view = next(dev.parameters())[0]  # a view of a parameter the step donates
+    allocated = []
+    for i, (x, y) in enumerate(batches):
+        old = next(dev.parameters()).detach().clone()
+        captured(x.to("tpu"), y.to("tpu"))
+        step_r(x, y)
+        torch.testing.assert_close(kept_view.cpu(), next(ref.parameters())[0].detach(), rtol=RTOL, atol=ATOL)
+        assert not torch.equal(old.cpu(), next(dev.parameters()).detach().cpu())  # the clone kept the old value
+        torch.tpu.synchronize()
+        allocated.append(torch.tpu.memory_allocated())
+    assert torch_pjrt.metrics()["fused_donated_buffers"] > 0
+    assert len(set(allocated[5:])) == 1, f"device memory grows across replays: {allocated}"
+
+
+def test_dropout_draws_new_random_keys_each_replay():
+    def run(capture):
+        torch.manual_seed(0)
+        model = _model(dropout=0.5).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = _train_step(model, opt)
+        if capture:
+            step = torch_pjrt.capture_step(step)
+        torch.manual_seed(123)
+        return [step(x.to("tpu"), y.to("tpu")).item() for x, y in _batches(8)]
+
+    eager, replayed = run(False), run(True)
+    assert torch_pjrt.metrics()["capture_replays"] > 0
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=RTOL, atol=ATOL)
+    assert len(set(replayed)) == len(replayed)
+
+
+def test_optimizer_step_count_on_cpu_is_not_replayed():
+    ref, step_r, dev, step_d = _pair(capturable=False)
+    captured = torch_pjrt.capture_step(step_d)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for x, y in _batches(6):
+            torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    ok, why = captured.replayable(x.to("tpu"), y.to("tpu"))
+    assert ok is False and "capturable=True" in why
+    assert any("capturable=True" in str(x.message) for x in w)
+    for p, q in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_host_read_inside_the_step_is_not_replayed():
+    ref, step_r, dev, step_d = _pair()
+    seen = []
+
+    def step(x, y):
+        loss = step_d(x, y)
+        seen.append(loss.item())  # a host read in the middle of the recorded region
+        return loss
+
+    captured = torch_pjrt.capture_step(step)
+    with pytest.warns(RuntimeWarning, match="needed a value during the step"):
+        for x, y in _batches(5):
+            torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y),
+                                       rtol=RTOL, atol=ATOL)
+    assert len(seen) == 5  # the Python ran every time
+
+
+def test_host_data_read_inside_the_step_is_not_replayed():
+    """A step that uploads its own batch (not a tpu argument): the uploads differ
+    between the two recordings, so the step is never replayed with a stale batch."""
+    ref, step_r, dev, step_d = _pair()
+    batches = iter(_batches(6))
+    expected = []
+
+    def step():
+        x, y = next(batches)
+        expected.append(step_r(x, y))
+        return step_d(x.to("tpu"), y.to("tpu"))
+
+    captured = torch_pjrt.capture_step(step)
+    with pytest.warns(RuntimeWarning, match="copied from the host"):
+        losses = [captured() for _ in range(6)]
+    for got, want in zip(losses, expected):
+        torch.testing.assert_close(got.cpu(), want, rtol=RTOL, atol=ATOL)
+
+
+def test_cpu_tensor_arguments_are_not_replayed():
+    ref, step_r, dev, step_d = _pair()
+    captured = torch_pjrt.capture_step(lambda x, y: step_d(x.to("tpu"), y.to("tpu")))
+    m0 = torch_pjrt.metrics()
+    with pytest.warns(RuntimeWarning, match="cpu tensor"):
+        for x, y in _batches(5):
+            torch.testing.assert_close(captured(x, y).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    assert _delta(m0, "capture_recordings") == 0 and _delta(m0, "capture_replays") == 0
+
+
+def test_new_argument_shapes_record_again():
+    ref, step_r, dev, step_d = _pair()
+    captured = torch_pjrt.capture_step(step_d)
+    batches = _batches(6) + _batches(5, rows=3, seed=2) + _batches(2)
+    for x, y in batches:
+        torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    assert len(captured._signatures) == 2
+    for p, q in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_returned_structures_and_views():
+    ref, dev = _model(), _model().to("tpu")
+
+    def forward(m):
+        def f(x, scale):
+            out = m(x) * scale
+            return {"out": out, "first": out[0], "t": out.t(), "n": 3}
+        return f
+
+    captured = torch_pjrt.capture_step(forward(dev))
+    results = []
+    with torch.no_grad():
+        for x, _ in _batches(6):
+            got, want = captured(x.to("tpu"), 2.0), forward(ref)(x, 2.0)
+            results.append((got, want))
+            assert got["n"] == 3
+            for k in ("out", "first", "t"):
+                assert got[k].shape == want[k].shape
+                torch.testing.assert_close(got[k].cpu(), want[k], rtol=RTOL, atol=ATOL)
+            assert got["first"].untyped_storage().data_ptr() == got["out"].untyped_storage().data_ptr()
+    for got, want in results:  # earlier outputs keep their own values
+        torch.testing.assert_close(got["out"].cpu(), want["out"], rtol=RTOL, atol=ATOL)
+    with torch.no_grad():
+        assert captured.replayable(x.to("tpu"), 2.0)[0] is True
+        assert captured.replayable(x.to("tpu"), 3.0) == (None, None)  # another scalar: recorded on its own
+    assert captured.replayable(x.to("tpu"), 2.0) == (None, None)  # grad mode is part of the signature
+
+
+def test_a_step_that_raises_leaves_no_recording_open():
+    dev = _model().to("tpu")
+    calls = [0]
+
+    def step(x):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise ValueError("boom")
+        return dev(x).sum()
+
+    captured = torch_pjrt.capture_step(step)
+    x = torch.randn(2, 16)
+    captured(x.to("tpu"))
+    with pytest.raises(ValueError, match="boom"):
+        captured(x.to("tpu"))
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(captured(x.to("tpu")).cpu(), _model()(x).sum(), rtol=RTOL, atol=ATOL)
+    y = torch.randn(3, 16, device="tpu")
+    assert torch.equal((y + 1).cpu(), y.cpu() + 1)  # eager still works after the step
+
+
+def test_reset_after_replacing_the_optimizer():
+    ref, step_r, dev, step_d = _pair()
+    captured = torch_pjrt.capture_step(lambda x, y: holder[0](x, y))
+    holder = [step_d]
+    batches = _batches(12)
+    for x, y in batches[:6]:
+        captured(x.to("tpu"), y.to("tpu"))
+        step_r(x, y)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
+    holder[0] = _train_step(dev, torch.optim.SGD(dev.parameters(), lr=0.05))
+    step_r = _train_step(ref, opt_r)
+    captured.reset()
+    for x, y in batches[6:]:
+        torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="callable"):
+        torch_pjrt.capture_step(3)
+    with pytest.raises(ValueError, match="warmup"):
+        torch_pjrt.capture_step(lambda: None, warmup=-1)
+
+
+_WARM_START = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, torch_pjrt
+import torch.nn.functional as F
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+@torch_pjrt.capture_step
+def step(x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+g = torch.Generator().manual_seed(1)
+m0 = torch_pjrt.metrics()
+losses = [step(torch.randn(8, 16, generator=g).to("tpu"), torch.randn(8, 4, generator=g).to("tpu")).item()
+          for _ in range(5)]
+m1 = torch_pjrt.metrics()
+print(json.dumps({"losses": losses, "xla_compiles": m1["xla_compiles"] - m0["xla_compiles"],
+                  "replays": m1["capture_replays"] - m0["capture_replays"]}))
+"""
+
+
+def test_warm_start_in_a_second_process_compiles_nothing(tmp_path):
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path / "cache"), TORCH_PJRT_EAGER="async")
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", _WARM_START, ROOT], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        import json
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["xla_compiles"] > 0 and cold["replays"] == 2
+    assert warm["xla_compiles"] == 0, "the second process compiled again"
+    assert warm["replays"] == 2
+    assert warm["losses"] == cold["losses"]
+
+
+def test_arguments_written_in_place_and_aliased_arguments():
+    def f(buf, a, b):
+        buf.add_(a * 2 + b)  # an argument updated in place
+        return buf.sum()
+
+    captured = torch_pjrt.capture_step(f)
+    g = torch.Generator().manual_seed(5)
+    for i in range(7):
+        a, b = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+        buf = torch.randn(4, 3, generator=g)
+        want_buf = buf + (a * 2 + b)
+        tb, ta = buf.to("tpu"), a.to("tpu")
+        # from the 6th call the same tensor is passed twice: not the recorded step's aliasing
+        tb_arg = ta if i >= 5 else b.to("tpu")
+        if i >= 5:
+            want_buf = buf + a * 3
+        got = captured(tb, ta, tb_arg)
+        torch.testing.assert_close(tb.cpu(), want_buf, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(got.cpu(), want_buf.sum(), rtol=RTOL, atol=ATOL)
+    assert captured.replayable(tb, ta, b.to("tpu"))[0] is True

@@ -1,0 +1,203 @@
+"""Step capture: run a whole training (or inference) step as one XLA program
+without running its Python on every call.
+
+    step = torch_pjrt.capture_step(train_step)   # or @torch_pjrt.capture_step
+    for x, y in batches:                          # tpu tensors of one shape
+        loss = step(x, y)
+
+The first call runs the step under fused eager (a warm-up: lazy state such as
+an optimizer's moments is created). The next two calls run it again under
+fused eager and record its trace; once two consecutive recordings agree (the same ops,
+reading the same tensors, with the same host scalars, view offsets and host
+uploads), later calls replay the trace's fused program: the step's Python,
+autograd and optimizer code do not run, arguments are read from the tensors
+passed, weights and optimizer state are read and updated in place (their
+buffers donated), random ops draw new keys from the default generator, and
+each tensor the step returned comes back as a new tensor. If three recordings
+in a row cannot be replayed or disagree with the one before, the step is not
+replayed: it runs under fused eager on every call (always correct) and a
+warning says why once.
+
+What is replayed is what the step did on tpu tensors; as with CUDA graphs,
+Python side effects are not repeated. The step must read its inputs from its
+tpu tensor arguments or from tensors it updates in place, and host numbers
+that change between calls (a learning-rate schedule, an optimizer's step
+count on the CPU: use ``capturable=True``) make a step unreplayable. After
+replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
+``model.eval()``), call ``step.reset()``. Each argument geometry (shapes,
+strides, dtypes) and each set of non-tensor arguments is recorded
+separately. See docs/ARCHITECTURE.md, "Step capture"."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import _state
+
+__all__ = ["capture_step", "CapturedStep"]
+
+_MAX_FAILURES = 3  # recordings in a row that cannot be replayed (or disagree) before giving up
+
+
+class _fused:
+    """A fused eager region (torch_pjrt.fused, without importing the package)."""
+
+    def __enter__(self):
+        _state.C.fused_enter()
+
+    def __exit__(self, *exc):
+        _state.C.fused_leave()
+        return False
+
+
+class _Signature:
+    """What one argument signature has seen: calls, the last recording, and
+    then the replayable recording (or why there is none)."""
+
+    __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures")
+    # out_spec None with a recording: the step returns a single tensor.
+
+    def __init__(self):
+        self.calls = 0
+        self.last = None
+        self.recording = None
+        self.problem = None
+        self.out_spec = None
+        self.out_leaves = None
+        self.tensor_at = None
+        self.failures = 0
+
+
+class CapturedStep:
+    """A step function recorded once and replayed as one program; see the
+    module's docstring."""
+
+    def __init__(self, fn, *, warmup: int = 1):
+        if not callable(fn):
+            raise TypeError(f"capture_step: expected a callable, got {type(fn).__name__}")
+        if not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"capture_step: warmup must be an int >= 0, got {warmup!r}")
+        self.fn = fn
+        self.warmup = warmup
+        self._signatures: dict = {}
+        self._warned: set = set()  # reasons already warned about
+        functools.update_wrapper(self, fn)
+
+    def reset(self):
+        """Forgets every recording: the next calls warm up and record again
+        (after the model's or optimizer's tensors were replaced)."""
+        self._signatures.clear()
+
+    def replayable(self, *args, **kwargs):
+        """Whether a call with these arguments replays a recording (None while
+        still warming up or recording), and the reason when it cannot."""
+        key, _ = self._key(args, kwargs)
+        sig = self._signatures.get(key)
+        if sig is None or (sig.recording is None and sig.problem is None):
+            return None, None
+        return sig.recording is not None, sig.problem
+
+    def _key(self, args, kwargs):
+        if not kwargs:  # the common case, without flattening: positional tpu tensors
+            key = [len(args), torch.is_grad_enabled(), torch.is_autocast_enabled("tpu")]
+            for a in args:
+                if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
+                    break
+                key.append((a.device.index, a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad))
+            else:
+                return tuple(key), list(args)
+        leaves, spec = tree_flatten((args, kwargs))
+        key = [spec, torch.is_grad_enabled(), torch.is_autocast_enabled("tpu")]
+        tensors = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.device.type != "tpu":
+                    return None, f"argument {i} is a {leaf.device.type} tensor (replay reads tpu tensors only)"
+                key.append((leaf.device.index, leaf.dtype, tuple(leaf.shape), leaf.stride(),
+                            leaf.storage_offset(), leaf.requires_grad))
+                tensors.append(leaf)
+            else:
+                key.append((type(leaf), leaf))
+        key = tuple(key)
+        try:
+            hash(key)
+        except TypeError:
+            return None, "an argument is neither a tensor nor hashable"
+        return key, tensors
+
+    def __call__(self, *args, **kwargs):
+        key, tensors = self._key(args, kwargs)
+        if key is None:  # tensors holds why
+            self._warn_once(tensors)
+            with _fused():
+                return self.fn(*args, **kwargs)
+        sig = self._signatures.get(key)
+        if sig is None:
+            sig = self._signatures[key] = _Signature()
+        if sig.recording is not None:
+            outs = _state.C.capture_replay(sig.recording, tensors)
+            if outs is None:  # arguments that alias each other or the step's state differently
+                with _fused():
+                    return self.fn(*args, **kwargs)
+            if sig.out_spec is None:  # the step returned one tensor
+                return outs[0]
+            leaves = list(sig.out_leaves)
+            for at, t in zip(sig.tensor_at, outs):
+                leaves[at] = t
+            return tree_unflatten(leaves, sig.out_spec)
+        sig.calls += 1
+        if sig.problem is not None or sig.calls <= self.warmup:
+            with _fused():
+                return self.fn(*args, **kwargs)
+        return self._record(sig, args, kwargs, tensors)
+
+    def _record(self, sig, args, kwargs, tensors):
+        with _fused():
+            _state.C.capture_begin()
+            try:
+                out = self.fn(*args, **kwargs)
+            except BaseException:
+                _state.C.capture_abort()
+                raise
+            leaves, spec = tree_flatten(out)
+            tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+            recording = _state.C.capture_end(tensors, [leaves[i] for i in tensor_at])
+        own = _state.C.capture_recording_problem(recording)
+        problem = own or (_state.C.capture_problem(sig.last, recording) if sig.last is not None else "")
+        if problem:
+            # The first recordings may differ for a reason that goes away (state created
+            # lazily, a one-off host read): give up after _MAX_FAILURES in a row.
+            sig.failures += 1
+            if sig.failures >= _MAX_FAILURES:
+                sig.problem = problem
+                _state.C.capture_count_not_replayable()
+                self._warn_once(problem)
+        elif sig.last is not None:
+            sig.failures = 0
+            sig.recording = recording
+            sig.out_spec = None if isinstance(out, torch.Tensor) else spec
+            sig.out_leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+            sig.tensor_at = tensor_at
+        sig.last = None if own else recording
+        return out
+
+    def _warn_once(self, why):
+        if why in self._warned:
+            return
+        self._warned.add(why)
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        warnings.warn(f"torch_pjrt.capture_step({name}): not replayed, running it under fused eager on every "
+                      f"call instead: {why}", RuntimeWarning, stacklevel=3)
+
+
+def capture_step(fn=None, *, warmup: int = 1):
+    """Wraps a step function so that, once recorded, it runs as one replayed
+    XLA program (see the module's docstring). Usable as a decorator, with or
+    without arguments."""
+    if fn is None:
+        return functools.partial(capture_step, warmup=warmup)
+    return CapturedStep(fn, warmup=warmup)
