@@ -4,7 +4,8 @@ Training (examples/models.py, the step ends with a host read of the loss):
 first step (compiles included), warm step = median of steps 6..N, programs
 compiled. Generation (examples/tiny_llama.py, greedy with a KV cache, a host
 read per token): warm per-token time (a second generation, everything
-compiled), and in fresh processes with no persistent cache the programs
+compiled; also with each token's step replayed by torch_pjrt.capture_step,
+"captured"), and in fresh processes with no persistent cache the programs
 compiled and compile seconds after 10, 25, 50 and 100 tokens, for the
 doubling cache and for a cache that concatenates per token. Then strict
 eager's per-op launch cost against a PyTorch CPU kernel call.
@@ -49,6 +50,8 @@ class Mode:
 
 
 MODES = ("cpu", "strict", "fused")
+# Generation also with each token's step replayed (torch_pjrt.capture_step).
+GEN_MODES = MODES + ("captured",)
 
 
 def train_times(kind, mode, steps):
@@ -88,10 +91,12 @@ def token_times(mode, tokens, cache):
     model = tiny_llama.build().to(Mode(mode).device)
     prompt = tiny_llama.prompt()
     out = {}
+    capture = mode == "captured"
     with Mode(mode):
-        ref = tiny_llama.generate(model, prompt, tokens, cache=cache)  # compiles everything
+        ref = tiny_llama.generate(model, prompt, tokens, cache=cache, capture=capture)  # compiles everything
         stamps = []
-        tiny_llama.generate(model, prompt, tokens, cache=cache, on_token=lambda i: stamps.append(time.perf_counter()))
+        tiny_llama.generate(model, prompt, tokens, cache=cache, on_token=lambda i: stamps.append(time.perf_counter()),
+                            capture=capture)
     out["per_token"] = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
     out["tokens"] = ref[0, -tokens:].cpu().tolist()
     return out
@@ -174,17 +179,17 @@ def main():
     rows = []
     ref = None
     gen = {}
-    samples = {mode: [] for mode in MODES}
+    samples = {mode: [] for mode in GEN_MODES}
     for _ in range(args.repeats):
-        for mode in MODES:
+        for mode in GEN_MODES:
             g = token_times(mode, args.tokens, "double")
             samples[mode].append(g["per_token"])
             gen[mode] = g
             ref = ref or g["tokens"]
-    for mode in MODES:
+    for mode in GEN_MODES:
         gen[mode]["per_token"] = statistics.median(samples[mode])
     c = gen["cpu"]["per_token"]
-    for mode in MODES:
+    for mode in GEN_MODES:
         t = gen[mode]["per_token"]
         rows.append([mode, f"{t * 1e3:.3f}", f"{c / t:.2f}x", "yes" if gen[mode]["tokens"] == ref else "NO"])
     print(f"Greedy generation, tiny Llama (examples/tiny_llama.py), doubling KV cache, warm per token:")

@@ -197,23 +197,40 @@ def prompt(batch=1, length=8, cfg=LlamaConfig(), seed=1):
 
 
 @torch.no_grad()
-def generate(model, tokens, new_tokens, cache="double", on_token=None):
+def generate(model, tokens, new_tokens, cache="double", on_token=None, capture=False):
     """Greedy decoding; returns [batch, prompt + new_tokens] on the model's
     device. Each token is read on the host (as a stopping check would), then
-    fed back. `on_token(i)` is called after token i is known."""
+    fed back. `on_token(i)` is called after token i is known. `capture`
+    (tpu): each token's step runs through torch_pjrt.capture_step, replayed as
+    one program per cache capacity (the cache tensors are its arguments, so a
+    doubled cache is a new signature; the host-side length is kept here,
+    since a replay does not run the forward's Python)."""
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     kv = KVCache(model.cfg, tokens.shape[0], device, mode=cache)
     logits = model(tokens, kv)
+    nxt = logits[:, -1].argmax(-1, keepdim=True)
+    step = None
+    if capture:
+        import torch_pjrt
+
+        def decode(last, pos, *layers):  # reads the cache through `kv`, whose tensors are `layers`
+            return model(last, kv)[:, -1].argmax(-1, keepdim=True)
+        step = torch_pjrt.capture_step(decode)
     out = [tokens]
     for i in range(new_tokens):
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
         nxt.cpu()  # the host read a stopping check makes every token
         out.append(nxt)
         if on_token:
             on_token(i)
         if i + 1 < new_tokens:
-            logits = model(nxt, kv)
+            if step is None:
+                nxt = model(nxt, kv)[:, -1].argmax(-1, keepdim=True)
+            else:
+                length = kv.length + 1
+                kv.reserve(1)
+                nxt = step(nxt, kv.pos, *kv.k, *kv.v)
+                kv.length = length  # (a replay skips the forward's own bookkeeping)
     return torch.cat(out, dim=1)
 
 
@@ -222,6 +239,7 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--fused", action="store_true", help="fused eager (tpu)")
+    parser.add_argument("--capture", action="store_true", help="each token's step replayed (tpu, capture_step)")
     args = parser.parse_args()
     if args.device.startswith("tpu"):
         import torch_pjrt
@@ -231,7 +249,7 @@ def main():
         with torch_pjrt.fused():
             out = generate(model, p, args.tokens)
     else:
-        out = generate(model, p, args.tokens)
+        out = generate(model, p, args.tokens, capture=args.capture)
     print(out.cpu().tolist())
 
 

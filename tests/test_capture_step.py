@@ -330,3 +330,17 @@ def test_arguments_written_in_place_and_aliased_arguments():
         torch.testing.assert_close(tb.cpu(), want_buf, rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(got.cpu(), want_buf.sum(), rtol=RTOL, atol=ATOL)
     assert captured.replayable(tb, ta, b.to("tpu"))[0] is True
+
+
+def test_generation_with_a_captured_decode_step_matches_cpu():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import tiny_llama
+
+    prompt = tiny_llama.prompt()
+    ref = tiny_llama.generate(tiny_llama.build(), prompt, 40)
+    m0 = torch_pjrt.metrics()
+    out = tiny_llama.generate(tiny_llama.build().to("tpu"), prompt, 40, capture=True)
+    assert torch.equal(out.cpu(), ref)
+    # capacities 16, 32 and 64 each: one warm-up call, two recordings, then replays
+    assert _delta(m0, "capture_replays") >= 39 - 3 * 3
+    assert _delta(m0, "capture_not_replayable") == 0
