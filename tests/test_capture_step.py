@@ -344,3 +344,44 @@ def test_generation_with_a_captured_decode_step_matches_cpu():
     # capacities 16, 32 and 64 each: one warm-up call, two recordings, then replays
     assert _delta(m0, "capture_replays") >= 39 - 3 * 3
     assert _delta(m0, "capture_not_replayable") == 0
+
+
+def test_a_step_that_seeds_its_own_generator_replays_the_same_keys():
+    def run(capture):
+        model = _model(dropout=0.5).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        inner = _train_step(model, opt)
+
+        def step(x, y):
+            torch.manual_seed(7)  # the same dropout masks every step, in eager
+            return inner(x, y)
+        if capture:
+            step = torch_pjrt.capture_step(step)
+        return [step(x.to("tpu"), y.to("tpu")).item() for x, y in _batches(7)]
+
+    eager, replayed = run(False), run(True)
+    assert torch_pjrt.metrics()["capture_replays"] > 0
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=RTOL, atol=ATOL)
+
+
+def test_a_step_with_compiled_pieces_replays_them_in_its_program():
+    ref, step_r, dev, _ = _pair()
+    opt = torch.optim.AdamW(dev.parameters(), lr=1e-2, capturable=True)
+    forward = torch.compile(dev, backend="tpu")
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(forward(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(dev.parameters()), 1.0)
+        opt.step()
+        return loss
+
+    captured = torch_pjrt.capture_step(step)
+    m0 = torch_pjrt.metrics()
+    for x, y in _batches(7):
+        torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    assert _delta(m0, "fused_programs_recorded") > 0  # the compiled graphs were part of the recorded traces
+    assert _delta(m0, "capture_replays") == 4
+    for p, q in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=RTOL, atol=ATOL)

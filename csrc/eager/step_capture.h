@@ -29,8 +29,9 @@ void capture_abort();
 // Why `r` cannot be replayed whatever the other recordings (empty: it may be).
 std::string recording_problem(const Recording& r);
 // Why `b` cannot be replayed: its own problem, or how it differs from `a`,
-// the recording of the call before (empty: replayable).
-std::string capture_problem(const Recording& a, const Recording& b);
+// the recording of the call before (empty: replayable; `b` then keeps which
+// random keys a replay draws anew).
+std::string capture_problem(const Recording& a, Recording& b);
 // Runs the recorded step on new arguments (tpu tensors of the recorded
 // geometry). Returns one tensor per tensor the step returned: a new tensor
 // for a value the step computes, else the tensor it returned when recorded.
