@@ -377,11 +377,6 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
     r.ipack_buffer = s64_buffer(f.ipack.data(), static_cast<int64_t>(f.ipack.size()), device);
   t.fpack_buffer = r.fpack_buffer;
   t.ipack_buffer = r.ipack_buffer;
-  for (int32_t at : f.rng_at) {
-    auto key = device::next_rng_key(std::nullopt, device);
-    t.ipack[at] = static_cast<int64_t>(key.first);
-    t.ipack[at + 1] = static_cast<int64_t>(key.second);
-  }
   auto storage_for = [&](const Source& s) -> StorageBuffer& {
     if (s.kind == Source::Held) return device::storage_of(s.storage);
     const at::Tensor& a = args.at(s.index);
@@ -397,9 +392,15 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
       continue;
     }
     const runtime::BufferPtr& b = device::ensure_buffer(storage_for(s), s.dtype);
-    TORCH_CHECK(b->bytes() == s.bytes, "torch_pjrt: capture_step: an input of the recorded step now holds ", b->bytes(),
-                " bytes, recorded with ", s.bytes);
+    // Another size: an argument viewing a larger or smaller base, or a held
+    // storage resized since; not the recorded step (nothing has changed yet).
+    if (b->bytes() != s.bytes) return std::nullopt;
     t.externals.push_back(b);
+  }
+  for (int32_t at : f.rng_at) {
+    auto key = device::next_rng_key(std::nullopt, device);
+    t.ipack[at] = static_cast<int64_t>(key.first);
+    t.ipack[at + 1] = static_cast<int64_t>(key.second);
   }
   // Inputs the program overwrites leave their storages for the call, so the
   // program may reuse their memory (donation); put back if the run fails.
