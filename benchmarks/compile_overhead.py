@@ -18,6 +18,11 @@ call, medians over --steps calls:
                    runtime wrappers, the autograd engine, eager glue ops;
   step             wall time including the device sync (or the fused flush).
 
+Each timed call starts after a device sync and --settle-ms of idle time: on
+the CPU plugin the "device" is the host's own cores, whose worker threads
+keep spinning for a while after work and would otherwise slow the host code
+being measured.
+
     python benchmarks/compile_overhead.py [--model gpt] [--modes strict,fused,captured]
         [--steps 30] [--markdown]
 """
@@ -64,7 +69,7 @@ MODES = {"strict": "compiled, strict (one program per graph)",
          "captured": "captured step (one program, replayed)"}
 
 
-def measure(kind, mode, steps, warmup):
+def measure(kind, mode, steps, warmup, settle):
     model, make_opt, batch_fn, loss_fn = models.build(kind)
     model.to("tpu").train()
     params = list(model.parameters())
@@ -96,6 +101,8 @@ def measure(kind, mode, steps, warmup):
         if i == warmup:
             m0 = torch_pjrt.metrics()
         torch.tpu.synchronize()
+        if settle:  # let XLA's worker threads go idle: they share this machine's cores with the host
+            time.sleep(settle)
         _inside[0] = 0.0
         e0 = torch_pjrt.metrics()["execute_call_seconds"]
         start = time.perf_counter()
@@ -129,6 +136,9 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
+    parser.add_argument("--settle-ms", type=float, default=5.0,
+                        help="sleep after each sync before the timed call (CPU plugin: the device's threads "
+                             "spin on the host's cores for a while after work; 0: none)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -140,7 +150,7 @@ def main():
     runs = {m: [] for m in modes}
     for _ in range(args.repeats):
         for mode in modes:
-            runs[mode].append(measure(args.model, mode, args.steps, max(args.warmup, 4)))
+            runs[mode].append(measure(args.model, mode, args.steps, max(args.warmup, 4), args.settle_ms / 1e3))
     head = ["step", "host per call (us)", "in graph runs / replay (us)", "of which plugin execute calls (us)",
             "elsewhere (us)", "step with wait (ms)", "executions per step", "replays per step"]
     rows = []
@@ -149,8 +159,8 @@ def main():
         rows.append([MODES[mode], f"{r['host'] * 1e6:.0f}", f"{r['inside'] * 1e6:.0f}", f"{r['execute'] * 1e6:.0f}",
                      f"{r['elsewhere'] * 1e6:.0f}", f"{r['step'] * 1e3:.2f}", f"{r['executions']:.1f}",
                      f"{r['replays']:.1f}"])
-    print(f"{args.model} training step, {args.steps} warm calls, median of {args.repeats} alternating runs' "
-          f"medians, plugin {torch_pjrt.plugin_info()['name']}")
+    print(f"{args.model} training step, {args.steps} warm calls (each after a sync and {args.settle_ms:g} ms idle), "
+          f"median of {args.repeats} alternating runs' medians, plugin {torch_pjrt.plugin_info()['name']}")
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for r in rows:

@@ -401,3 +401,27 @@ def test_an_argument_viewing_another_base_is_not_replayed_with_the_recording():
         want[1].mul_(2)
         torch.testing.assert_close(tb.cpu(), want)
         torch.testing.assert_close(got.cpu(), want[1].sum())
+
+
+def test_a_captured_function_called_inside_a_captured_step_is_part_of_it():
+    ref, step_r, dev, step_d = _pair()
+    forward = torch_pjrt.capture_step(lambda x: dev(x))  # captured on its own too
+    opt = torch.optim.AdamW(dev.parameters(), lr=1e-2, capturable=True)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(forward(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(dev.parameters()), 1.0)
+        opt.step()
+        return loss
+
+    captured = torch_pjrt.capture_step(step)
+    m0 = torch_pjrt.metrics()
+    for x, y in _batches(6):
+        torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
+    assert _delta(m0, "capture_replays") == 3
+    with torch.no_grad():
+        x = torch.randn(8, 16)
+        for _ in range(5):  # and alone, outside the step
+            torch.testing.assert_close(forward(x.to("tpu")).cpu(), ref(x), rtol=RTOL, atol=ATOL)

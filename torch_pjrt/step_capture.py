@@ -40,6 +40,7 @@ from . import _state
 
 __all__ = ["capture_step", "CapturedStep"]
 
+_recording = [0]  # steps being recorded now (a captured step called inside one runs inline)
 _MAX_FAILURES = 3  # recordings in a row that cannot be replayed (or disagree) before giving up
 
 
@@ -130,6 +131,8 @@ class CapturedStep:
         return key, tensors
 
     def __call__(self, *args, **kwargs):
+        if _recording[0]:  # called inside a step being recorded: part of that step
+            return self.fn(*args, **kwargs)
         key, tensors = self._key(args, kwargs)
         if key is None:  # tensors holds why
             self._warn_once(tensors)
@@ -158,11 +161,14 @@ class CapturedStep:
     def _record(self, sig, args, kwargs, tensors):
         with _fused():
             _state.C.capture_begin()
+            _recording[0] += 1
             try:
                 out = self.fn(*args, **kwargs)
             except BaseException:
                 _state.C.capture_abort()
                 raise
+            finally:
+                _recording[0] -= 1
             leaves, spec = tree_flatten(out)
             tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
             recording = _state.C.capture_end(tensors, [leaves[i] for i in tensor_at])
