@@ -18,10 +18,11 @@ call, medians over --steps calls:
                    runtime wrappers, the autograd engine, eager glue ops;
   step             wall time including the device sync (or the fused flush).
 
-Each timed call starts after a device sync and --settle-ms of idle time: on
-the CPU plugin the "device" is the host's own cores, whose worker threads
-keep spinning for a while after work and would otherwise slow the host code
-being measured.
+Each timed call starts after a device sync (and --settle-ms of idle time, 0 by
+default). On the CPU plugin the "device" is the host's own cores: right after
+a sync its worker threads still spin, and after idle time the first call
+runs cold (5 ms of idle made the captured GPT call slower, 834 vs 585 us), so
+host times here carry the machine's noise either way.
 
     python benchmarks/compile_overhead.py [--model gpt] [--modes strict,fused,captured]
         [--steps 30] [--markdown]
@@ -136,7 +137,7 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
-    parser.add_argument("--settle-ms", type=float, default=5.0,
+    parser.add_argument("--settle-ms", type=float, default=0.0,
                         help="sleep after each sync before the timed call (CPU plugin: the device's threads "
                              "spin on the host's cores for a while after work; 0: none)")
     parser.add_argument("--markdown", action="store_true")
