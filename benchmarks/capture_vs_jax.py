@@ -47,18 +47,7 @@ def run(kind, blocks, block):
     # torch_pjrt: the captured step
     model.to("tpu").train()
     params = list(model.parameters())
-    opt = make_opt(params)
-    for g in opt.param_groups:
-        g["capturable"] = True
-
-    @torch_pjrt.capture_step
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return loss
+    step = models.captured_step(model, make_opt(params), loss_fn, params)
 
     tpu_batches = [tuple(t.to("tpu") for t in b) for b in batches]
 

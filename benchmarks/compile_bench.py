@@ -198,23 +198,12 @@ def _worker_torch(a, res):
         model.train()
         opt = make_opt(params)
         batches = [tuple(t.to(device) for t in batch_fn(i)) for i in range(n_calls)]
-        if captured:  # the optimizer's step count on the device, so a replay advances it
-            for g in opt.param_groups:
-                if "capturable" in g:
-                    g["capturable"] = True
 
         step = models.step_fn(model, opt, loss_fn, batches, params, CLIP, backend if compiled else None,
                               a.compile_opt)
         call = step
         if captured:
-            def whole_step(x, y):
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model, x, y)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, CLIP)
-                opt.step()
-                return loss
-            captured_step = torch_pjrt.capture_step(whole_step)
+            captured_step = models.captured_step(model, opt, loss_fn, params, CLIP)
 
             def call(i):
                 return captured_step(*batches[i])

@@ -77,18 +77,7 @@ def measure(kind, mode, steps, warmup, settle):
     opt = make_opt(params)
     batches = [tuple(t.to("tpu") for t in batch_fn(i)) for i in range(warmup + steps)]
     if mode == "captured":
-        for g in opt.param_groups:  # the step count on the device, so a replay advances it
-            if "capturable" in g:
-                g["capturable"] = True
-
-        @torch_pjrt.capture_step
-        def whole_step(x, y):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            return loss
+        whole_step = models.captured_step(model, opt, loss_fn, params)
 
         def step(i):
             return whole_step(*batches[i])

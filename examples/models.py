@@ -192,6 +192,28 @@ def step_fn(model, opt, loss_fn, batches, params, clip=1.0, backend=None, compil
     return step
 
 
+def captured_step(model, opt, loss_fn, params, clip=1.0):
+    """The whole training step of a batch (zero_grad, forward + loss, backward,
+    clip_grad_norm_, optimizer step) as one torch_pjrt.capture_step: replayed
+    as one XLA program from its 4th call. The optimizer keeps its step count
+    on the device (capturable=True), so a replay advances it."""
+    import torch_pjrt
+
+    for g in opt.param_groups:
+        if "capturable" in g:
+            g["capturable"] = True
+
+    @torch_pjrt.capture_step
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        return loss
+    return step
+
+
 def train(kind, device, steps, seed=0, clip=1.0, on_step=None, compile_backend=None):
     """Trains from the same initial weights and data on `device`; returns the
     losses. With `compile_backend` ("tpu", "inductor"...), the model and the

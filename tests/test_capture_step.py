@@ -29,12 +29,14 @@ def _batches(n, rows=8, seed=1):
     return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(n)]
 
 
-def _train_step(model, opt, clip=1.0):
+def _train_step(model, opt, clip=1.0, forward=None):
+    """zero_grad, MSE loss of `forward` (default: the model), backward, clip, step."""
     params = list(model.parameters())
+    forward = forward or model
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
+        loss = F.mse_loss(forward(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
@@ -367,17 +369,7 @@ def test_a_step_that_seeds_its_own_generator_replays_the_same_keys():
 def test_a_step_with_compiled_pieces_replays_them_in_its_program():
     ref, step_r, dev, _ = _pair()
     opt = torch.optim.AdamW(dev.parameters(), lr=1e-2, capturable=True)
-    forward = torch.compile(dev, backend="tpu")
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(forward(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(dev.parameters()), 1.0)
-        opt.step()
-        return loss
-
-    captured = torch_pjrt.capture_step(step)
+    captured = torch_pjrt.capture_step(_train_step(dev, opt, forward=torch.compile(dev, backend="tpu")))
     m0 = torch_pjrt.metrics()
     for x, y in _batches(7):
         torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
@@ -407,16 +399,7 @@ def test_a_captured_function_called_inside_a_captured_step_is_part_of_it():
     ref, step_r, dev, step_d = _pair()
     forward = torch_pjrt.capture_step(lambda x: dev(x))  # captured on its own too
     opt = torch.optim.AdamW(dev.parameters(), lr=1e-2, capturable=True)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(forward(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(dev.parameters()), 1.0)
-        opt.step()
-        return loss
-
-    captured = torch_pjrt.capture_step(step)
+    captured = torch_pjrt.capture_step(_train_step(dev, opt, forward=forward))
     m0 = torch_pjrt.metrics()
     for x, y in _batches(6):
         torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
