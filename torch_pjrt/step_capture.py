@@ -135,7 +135,7 @@ class CapturedStep:
             return self.fn(*args, **kwargs)
         key, tensors = self._key(args, kwargs)
         if key is None:  # tensors holds why
-            self._warn_once(tensors)
+            self._warn_once(tensors, stacklevel=3)
             with _fused():
                 return self.fn(*args, **kwargs)
         sig = self._signatures.get(key)
@@ -181,7 +181,7 @@ class CapturedStep:
             if sig.failures >= _MAX_FAILURES:
                 sig.problem = problem
                 _state.C.capture_count_not_replayable()
-                self._warn_once(problem)
+                self._warn_once(problem, stacklevel=4)
         elif sig.last is not None:
             sig.failures = 0
             sig.recording = recording
@@ -191,13 +191,14 @@ class CapturedStep:
         sig.last = None if own else recording
         return out
 
-    def _warn_once(self, why):
+    def _warn_once(self, why, stacklevel):
+        """Warns (once per reason) at the line that called the step."""
         if why in self._warned:
             return
         self._warned.add(why)
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(f"torch_pjrt.capture_step({name}): not replayed, running it under fused eager on every "
-                      f"call instead: {why}", RuntimeWarning, stacklevel=3)
+                      f"call instead: {why}", RuntimeWarning, stacklevel=stacklevel)
 
 
 def capture_step(fn=None, *, warmup: int = 1):
