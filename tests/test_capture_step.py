@@ -292,24 +292,37 @@ losses = [step(torch.randn(8, 16, generator=g).to("tpu"), torch.randn(8, 4, gene
           for _ in range(5)]
 m1 = torch_pjrt.metrics()
 print(json.dumps({"losses": losses, "xla_compiles": m1["xla_compiles"] - m0["xla_compiles"],
-                  "replays": m1["capture_replays"] - m0["capture_replays"]}))
+                  "replays": m1["capture_replays"] - m0["capture_replays"],
+                  "prefetched_used": m1["capture_prefetched_used"] - m0["capture_prefetched_used"]}))
 """
 
 
 def test_warm_start_in_a_second_process_compiles_nothing(tmp_path):
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path / "cache"), TORCH_PJRT_EAGER="async")
-    runs = []
-    for _ in range(2):
+    import json
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache), TORCH_PJRT_EAGER="async")
+
+    def run():
         p = subprocess.run([sys.executable, "-c", _WARM_START, ROOT], env=env, capture_output=True, text=True,
                            timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
-        import json
-        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
-    assert cold["xla_compiles"] > 0 and cold["replays"] == 2
+        assert "Traceback" not in p.stderr and "terminate" not in p.stderr, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    cold = run()
+    manifests = list((cache / "capture").glob("*.json"))
+    assert len(manifests) == 1  # the step's program keys, for the next process
+    warm = run()
+    assert cold["xla_compiles"] > 0 and cold["replays"] == 2 and cold["prefetched_used"] == 0
     assert warm["xla_compiles"] == 0, "the second process compiled again"
     assert warm["replays"] == 2
+    assert warm["prefetched_used"] > 0, "nothing was loaded ahead from the manifest"
     assert warm["losses"] == cold["losses"]
+    manifests[0].write_text("{not json")  # a damaged manifest: ignored, written anew
+    again = run()
+    assert again["xla_compiles"] == 0 and again["replays"] == 2 and again["losses"] == cold["losses"]
+    assert json.loads(manifests[0].read_text())["programs"]
 
 
 def test_arguments_written_in_place_and_aliased_arguments():

@@ -30,17 +30,24 @@ separately. See docs/ARCHITECTURE.md, "Step capture"."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import hashlib
+import json
+import os
 import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _state
+from . import cache as _cache
 
 __all__ = ["capture_step", "CapturedStep"]
 
 _recording = [0]  # steps being recorded now (a captured step called inside one runs inline)
+_noting = [None]  # the _Signature whose programs are being noted for its manifest (one at a time)
+_MANIFEST_DIR = "capture"  # under the persistent cache's directory
 _MAX_FAILURES = 3  # recordings in a row that cannot be replayed (or disagree) before giving up
 
 
@@ -59,7 +66,8 @@ class _Signature:
     """What one argument signature has seen: calls, the last recording, and
     then the replayable recording (or why there is none)."""
 
-    __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures")
+    __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures",
+                 "manifest")
     # out_spec None with a recording: the step returns a single tensor.
 
     def __init__(self):
@@ -71,6 +79,7 @@ class _Signature:
         self.out_leaves = None
         self.tensor_at = None
         self.failures = 0
+        self.manifest = None  # where this signature's program keys are saved (None: no cache)
 
 
 class CapturedStep:
@@ -141,6 +150,7 @@ class CapturedStep:
         sig = self._signatures.get(key)
         if sig is None:
             sig = self._signatures[key] = _Signature()
+            self._warm_start(sig, key)
         if sig.recording is not None:
             outs = _state.C.capture_replay(sig.recording, tensors)
             if outs is None:  # arguments that alias each other or the step's state differently
@@ -180,16 +190,37 @@ class CapturedStep:
             sig.failures += 1
             if sig.failures >= _MAX_FAILURES:
                 sig.problem = problem
+                _finish_noting(sig, save=False)
                 _state.C.capture_count_not_replayable()
                 self._warn_once(problem, stacklevel=4)
         elif sig.last is not None:
             sig.failures = 0
             sig.recording = recording
+            _finish_noting(sig, save=True)
             sig.out_spec = None if isinstance(out, torch.Tensor) else spec
             sig.out_leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
             sig.tensor_at = tensor_at
         sig.last = None if own else recording
         return out
+
+    def _warm_start(self, sig, key):
+        """A new signature: load the programs an earlier process saved for it in
+        the background (its manifest), and note this one's for the next."""
+        directory = _cache.cache_dir()
+        if not directory:
+            return
+        ident = repr((getattr(self.fn, "__module__", None), getattr(self.fn, "__qualname__", None), key))
+        sig.manifest = os.path.join(directory, _MANIFEST_DIR, hashlib.sha256(ident.encode()).hexdigest() + ".json")
+        try:
+            with open(sig.manifest) as f:
+                programs = [(str(k), int(n)) for k, n in json.load(f)["programs"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            programs = None  # none saved yet, or unreadable: recorded and saved anew
+        if programs:
+            _state.C.capture_prefetch(programs)
+        if _noting[0] is None:
+            _noting[0] = sig
+            _state.C.capture_note_programs(True)
 
     def _warn_once(self, why, stacklevel):
         """Warns (once per reason) at the line that called the step."""
@@ -199,6 +230,36 @@ class CapturedStep:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(f"torch_pjrt.capture_step({name}): not replayed, running it under fused eager on every "
                       f"call instead: {why}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def _finish_noting(sig, save):
+    """The signature's recordings are done: save the programs it used (when
+    it replays), stop loading ahead."""
+    _state.C.capture_prefetch_stop()
+    if _noting[0] is not sig:
+        return
+    _noting[0] = None
+    programs = _state.C.capture_noted_programs()
+    _state.C.capture_note_programs(False)
+    if not (save and programs and sig.manifest):
+        return
+    try:  # written whole, then renamed: a concurrent reader sees the old file or the new one
+        os.makedirs(os.path.dirname(sig.manifest), exist_ok=True)
+        tmp = f"{sig.manifest}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"programs": [list(p) for p in programs]}, f)
+        os.replace(tmp, sig.manifest)
+    except OSError:
+        pass  # a read-only cache directory: no warm-start help, nothing else changes
+
+
+@atexit.register
+def _stop_prefetch():
+    # The background loads run in the plugin: they end before the interpreter does.
+    try:
+        _state.C.capture_prefetch_stop()
+    except Exception:  # noqa: BLE001 - the runtime may be gone already
+        pass
 
 
 def capture_step(fn=None, *, warmup: int = 1):

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "eager/step_capture.h"
+#include "runtime/prefetch.h"
 
 namespace py = pybind11;
 
@@ -44,6 +45,20 @@ void bind_capture(py::module& m) {
     py::gil_scoped_release release;
     eager::count_not_replayable();
   });
+  // Warm start: the persistent-cache keys of the programs a step uses, and
+  // loading them ahead in a new process.
+  m.def("capture_note_programs", [](bool on) { runtime::prefetch::set_noting(on); });
+  m.def("capture_noted_programs", [] { return runtime::prefetch::noted(); });
+  m.def("capture_prefetch", [](const std::vector<std::pair<std::string, int64_t>>& keys) {
+    py::gil_scoped_release release;
+    runtime::prefetch::start(keys, [](const runtime::Sha256::Digest& key, size_t size) {
+      return runtime::Runtime::get().load_by_key(key, size);
+    });
+  });
+  m.def("capture_prefetch_stop", [] {
+    py::gil_scoped_release release;
+    runtime::prefetch::stop();
+  });
   m.def("capture_metrics", [] {
     eager::CaptureStats s;
     {
@@ -54,6 +69,9 @@ void bind_capture(py::module& m) {
     d["capture_recordings"] = s.recordings;
     d["capture_replays"] = s.replays;
     d["capture_not_replayable"] = s.not_replayable;
+    auto p = runtime::prefetch::stats();
+    d["capture_programs_prefetched"] = p.loaded;
+    d["capture_prefetched_used"] = p.taken;
     return d;
   });
 }

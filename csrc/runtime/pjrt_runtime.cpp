@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "runtime/byte_size.h"
+#include "runtime/prefetch.h"
 #include "runtime/program_cache.h"
 #include "runtime/sha256.h"
 #include "runtime/pjrt_util.h"
@@ -466,8 +467,12 @@ ExecutablePtr Runtime::wrap(PJRT_LoadedExecutable* loaded) {
 // A hit: the entry's executable, loaded onto this client. Null on a miss or
 // a bad entry (reported and counted by the cache).
 ExecutablePtr Runtime::load_cached(const std::string& mlir_text, const Sha256::Digest& key) {
+  return load_by_key(key, mlir_text.size());
+}
+
+ExecutablePtr Runtime::load_by_key(const Sha256::Digest& key, size_t program_size) {
   auto t0 = std::chrono::steady_clock::now();
-  auto payload = cache_->load(key, mlir_text.size());
+  auto payload = cache_->load(key, program_size);
   if (!payload) return nullptr;
   auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   args.client = client_;
@@ -534,6 +539,8 @@ ExecutablePtr Runtime::compile(const std::string& mlir_text) {
   std::optional<Sha256::Digest> key;
   if (cache_->enabled()) {
     key = cache_->key(mlir_text, kCompileOptionsBytes);
+    prefetch::note(*key, mlir_text.size());
+    if (auto exe = prefetch::take(*key)) return exe;  // loaded ahead (and counted) by the prefetch thread
     if (auto exe = load_cached(mlir_text, *key)) return exe;
     metrics().persistent_cache_misses++;
   }

@@ -284,6 +284,12 @@ class Runtime {
   [[noreturn]] void raise_plugin_error(PJRT_Error* error, const char* what) const;
   ExecutablePtr wrap(PJRT_LoadedExecutable* loaded);
   ExecutablePtr load_cached(const std::string& mlir_text, const Sha256::Digest& key);
+ public:
+  // The persistent cache's executable for `key` (a program of `program_size`
+  // bytes of text), loaded onto this client; null on a miss or a bad entry.
+  ExecutablePtr load_by_key(const Sha256::Digest& key, size_t program_size);
+
+ private:
   void save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
                      const Sha256::Digest& key);
   std::string cache_identity() const;
