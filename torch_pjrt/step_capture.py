@@ -41,7 +41,6 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _state
-from . import cache as _cache
 
 __all__ = ["capture_step", "CapturedStep"]
 
@@ -206,7 +205,9 @@ class CapturedStep:
     def _warm_start(self, sig, key):
         """A new signature: load the programs an earlier process saved for it in
         the background (its manifest), and note this one's for the next."""
-        directory = _cache.cache_dir()
+        # (imported here: `python -m torch_pjrt.cache` must not find it imported by the package)
+        from .cache import cache_dir
+        directory = cache_dir()
         if not directory:
             return
         ident = repr((getattr(self.fn, "__module__", None), getattr(self.fn, "__qualname__", None), key))
