@@ -280,10 +280,10 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
     }
   }
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
-  if (!t.fpack.empty())
+  if (t.fpack_buffer || !t.fpack.empty())
     params.push_back(t.fpack_buffer ? t.fpack_buffer
                                     : scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
-  if (!t.ipack.empty())
+  if (t.ipack_buffer || !t.ipack.empty())
     params.push_back(t.ipack_buffer ? t.ipack_buffer
                                     : s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   if (t.checks) params.push_back(rt().check_word(t.device));

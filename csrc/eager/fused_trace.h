@@ -39,7 +39,8 @@ struct Trace {
   std::vector<double> fpack;   // runtime scalars of every op, in order
   std::vector<int64_t> ipack;  // storage offsets and random keys, in order
   std::vector<int32_t> rng_at;  // where in ipack each random key (2 values) is
-  // The packs already on the device (a replayed step's, which do not change).
+  // The packs already on the device (a replayed step's, which do not change);
+  // when set, the vectors above may stay empty.
   runtime::BufferPtr fpack_buffer, ipack_buffer;
   int32_t next_value = 0;
   bool checks = false;

@@ -369,14 +369,15 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   Trace t;
   t.device = device;
   t.checks = f.checks;
-  t.fpack = f.fpack;
-  t.ipack = f.ipack;
+  // The packs are uploaded once per recording; only random keys change the
+  // offset pack, which is then copied and uploaded per call.
   if (!f.fpack.empty() && !r.fpack_buffer)
     r.fpack_buffer = scalar_pack_buffer(f.fpack.data(), static_cast<int64_t>(f.fpack.size()), device);
   if (!f.ipack.empty() && f.rng_at.empty() && !r.ipack_buffer)
     r.ipack_buffer = s64_buffer(f.ipack.data(), static_cast<int64_t>(f.ipack.size()), device);
   t.fpack_buffer = r.fpack_buffer;
   t.ipack_buffer = r.ipack_buffer;
+  if (!f.rng_at.empty()) t.ipack = f.ipack;
   auto storage_for = [&](const Source& s) -> StorageBuffer& {
     if (s.kind == Source::Held) return device::storage_of(s.storage);
     const at::Tensor& a = args.at(s.index);
