@@ -2,7 +2,15 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+
+#include "device/dtype_map.h"
+
+#include "distributed/collective_programs.h"
+#include "distributed/device_backend.h"
 #include "distributed/host_backend.h"
+#include "distributed/store_kv.h"
+#include "runtime/pjrt_runtime.h"
 
 namespace py = pybind11;
 
@@ -21,7 +29,70 @@ void bind_distributed(py::module& m) {
     d["distributed_host_collectives"] = c.collectives.load();
     d["distributed_to_host_bytes"] = c.to_host_bytes.load();
     d["distributed_from_host_bytes"] = c.from_host_bytes.load();
+    d["distributed_device_collectives"] = distributed::device_collectives().load();
     return d;
+  });
+  m.def("device_backend", [](c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                             c10::intrusive_ptr<c10d::Backend> fallback) {
+    return c10::intrusive_ptr<c10d::Backend>(
+        c10::make_intrusive<distributed::DeviceBackend>(std::move(store), rank, size, std::move(fallback)));
+  });
+  // The client spans processes from now on; `store` is the job's (keys under it are the plugin's).
+  m.def("make_distributed_client", [](c10::intrusive_ptr<c10d::Store> store, int node_id, int num_nodes) {
+    py::gil_scoped_release release;  // the plugin waits on the other processes through the store
+    runtime::Runtime::get().make_distributed(node_id, num_nodes, distributed::store_as_kv(std::move(store)));
+  });
+  m.def("client_node", [] { return runtime::Runtime::get().node(); });
+  m.def("global_devices", [] {
+    py::list out;
+    for (const auto& g : runtime::Runtime::get().global_devices()) {
+      py::dict d;
+      d["id"] = g.id;
+      d["process"] = g.process;
+      d["local"] = g.local;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("run_collective_locally", [](const std::string& kind, const std::vector<at::Tensor>& inputs,
+                                     const std::string& reduction, int root) {
+    static const std::map<std::string, distributed::Collective> kinds = {
+        {"all_reduce", distributed::Collective::AllReduce}, {"all_gather", distributed::Collective::AllGather},
+        {"reduce_scatter", distributed::Collective::ReduceScatter}, {"all_to_all", distributed::Collective::AllToAll},
+        {"broadcast", distributed::Collective::Broadcast}, {"permute", distributed::Collective::Permute}};
+    static const std::map<std::string, distributed::Reduction> reductions = {
+        {"sum", distributed::Reduction::Sum}, {"avg", distributed::Reduction::Avg},
+        {"product", distributed::Reduction::Product}, {"min", distributed::Reduction::Min},
+        {"max", distributed::Reduction::Max}};
+    TORCH_CHECK_VALUE(kinds.count(kind) && reductions.count(reduction), "torch_pjrt: unknown collective '", kind,
+                      "' or reduction '", reduction, "'");
+    TORCH_CHECK_VALUE(!inputs.empty(), "torch_pjrt: a collective needs inputs");
+    distributed::CollectiveSpec s;
+    s.kind = kinds.at(kind);
+    s.reduction = reductions.at(reduction);
+    s.dtype = device::to_dtype(inputs[0].scalar_type());
+    s.numel = inputs[0].numel();
+    s.ranks = static_cast<int>(inputs.size());
+    s.root = root;
+    return distributed::run_collective_locally(s, inputs);
+  });
+  m.def("collective_program", [](const std::string& kind, int64_t numel, int ranks) {
+    distributed::CollectiveSpec s;
+    s.kind = kind == "all_gather" ? distributed::Collective::AllGather : distributed::Collective::AllReduce;
+    s.numel = numel;
+    s.ranks = ranks;
+    return distributed::collective_program(s);
+  });
+  // The PJRT key-value callbacks over `store`, called as a plugin calls them.
+  m.def("kv_callback", [](c10::intrusive_ptr<c10d::Store> store, const std::string& op, const std::string& key,
+                          const std::string& value, int timeout_ms) {
+    auto kv = distributed::store_as_kv(std::move(store));
+    std::string out;
+    {
+      py::gil_scoped_release release;
+      out = runtime::call_kv_callback(kv.get(), op, key, value, timeout_ms);
+    }
+    return py::bytes(out);
   });
 }
 

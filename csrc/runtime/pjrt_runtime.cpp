@@ -222,10 +222,27 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
     rt->info_.attributes.emplace_back(std::string(a.name, a.name_size), named_value_string(a));
   }
 
+  rt->cpu_device_count_ = cpu_device_count;
+  rt->create_client(nullptr, 0, 1);
+  rt->cache_ = std::make_unique<PersistentCache>(PersistentCache::configured_dir(),
+                                                 rt->cache_identity());
+  size_t cache_slots = offsetof(PJRT_Api, PJRT_Executable_DeserializeAndLoad) + sizeof(void*);
+  if (rt->cache_->enabled() &&
+      (api->struct_size < cache_slots || !api->PJRT_Executable_Serialize ||
+       !api->PJRT_Executable_DeserializeAndLoad || !api->PJRT_LoadedExecutable_GetExecutable))
+    rt->cache_->disable("plugin '" + name + "' cannot serialize executables");
+  instance() = std::move(rt);
+}
+
+// The client (and what is read from it: platform, devices, their memory).
+// `kv` (with node_id < num_nodes): one process of a distributed job, finding
+// the others through the store (PJRT_Client_Create's kv callbacks).
+void Runtime::create_client(KeyValueStore* kv, int node_id, int num_nodes) {
+  const std::string& name = info_.name;
   std::vector<PJRT_NamedValue> options;
-  if (name == "cpu" && cpu_device_count > 0) {
+  if (name == "cpu" && cpu_device_count_ > 0) {
     PJRT_NamedValue v = named_value("cpu_device_count", PJRT_NamedValue_kInt64);
-    v.int64_value = cpu_device_count;
+    v.int64_value = cpu_device_count_;
     options.push_back(v);
   }
   if (name == "cuda") {
@@ -234,51 +251,54 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
     v.bool_value = false;
     options.push_back(v);
   }
+  if (kv) {
+    // The GPU plugin's names (JAX's distributed client passes the same).
+    PJRT_NamedValue id = named_value("node_id", PJRT_NamedValue_kInt64);
+    id.int64_value = node_id;
+    PJRT_NamedValue nodes = named_value("num_nodes", PJRT_NamedValue_kInt64);
+    nodes.int64_value = num_nodes;
+    options.push_back(id);
+    options.push_back(nodes);
+  }
   auto create = PJRT_ARGS(PJRT_Client_Create_Args);
   create.create_options = options.data();
   create.num_options = options.size();
-  rt->check(api->PJRT_Client_Create(&create), "PJRT_Client_Create");
-  rt->client_ = create.client;
+  if (kv) attach_kv_callbacks(create, kv);
+  check(api_->PJRT_Client_Create(&create), "PJRT_Client_Create");
+  client_ = create.client;
 
   auto pn = PJRT_ARGS(PJRT_Client_PlatformName_Args);
-  pn.client = rt->client_;
-  rt->check(api->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
-  rt->info_.platform.assign(pn.platform_name, pn.platform_name_size);
+  pn.client = client_;
+  check(api_->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
+  info_.platform.assign(pn.platform_name, pn.platform_name_size);
   auto pv = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
-  pv.client = rt->client_;
-  rt->check(api->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");
-  rt->info_.platform_version.assign(pv.platform_version, pv.platform_version_size);
+  pv.client = client_;
+  check(api_->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");
+  info_.platform_version.assign(pv.platform_version, pv.platform_version_size);
 
   auto dev = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
-  dev.client = rt->client_;
-  rt->check(api->PJRT_Client_AddressableDevices(&dev), "PJRT_Client_AddressableDevices");
-  rt->devices_.assign(dev.addressable_devices, dev.addressable_devices + dev.num_addressable_devices);
-  if (rt->devices_.empty())
-    throw std::runtime_error("torch_pjrt: PJRT plugin '" + plugin_path +
-                             "' reports no addressable devices");
+  dev.client = client_;
+  check(api_->PJRT_Client_AddressableDevices(&dev), "PJRT_Client_AddressableDevices");
+  devices_.assign(dev.addressable_devices, dev.addressable_devices + dev.num_addressable_devices);
+  if (devices_.empty())
+    throw std::runtime_error("torch_pjrt: PJRT plugin '" + info_.path + "' reports no addressable devices");
 
-  rt->cache_ = std::make_unique<PersistentCache>(PersistentCache::configured_dir(),
-                                                 rt->cache_identity());
-  size_t cache_slots = offsetof(PJRT_Api, PJRT_Executable_DeserializeAndLoad) + sizeof(void*);
-  if (rt->cache_->enabled() &&
-      (api->struct_size < cache_slots || !api->PJRT_Executable_Serialize ||
-       !api->PJRT_Executable_DeserializeAndLoad || !api->PJRT_LoadedExecutable_GetExecutable))
-    rt->cache_->disable("plugin '" + name + "' cannot serialize executables");
-  size_t n = rt->devices_.size();
-  rt->pending_.resize(n);
-  rt->launched_.assign(n, 0);
-  rt->awaited_.reset(new std::atomic<int64_t>[n]);
-  for (size_t d = 0; d < n; ++d) rt->awaited_[d] = 0;
-  rt->check_words_.resize(n);
-  rt->check_dirty_.assign(n, false);
-  rt->max_inflight_ = configured_max_inflight();
-  rt->limits_.reset(new std::atomic<int64_t>[n]);
-  rt->totals_.assign(n, 0);
+  size_t n = devices_.size();
+  pending_.clear();
+  pending_.resize(n);
+  launched_.assign(n, 0);
+  awaited_.reset(new std::atomic<int64_t>[n]);
+  for (size_t d = 0; d < n; ++d) awaited_[d] = 0;
+  check_words_.clear();
+  check_words_.resize(n);
+  check_dirty_.assign(n, false);
+  max_inflight_ = configured_max_inflight();
+  limits_.reset(new std::atomic<int64_t>[n]);
+  totals_.assign(n, 0);
   for (size_t d = 0; d < n; ++d) {
-    rt->totals_[d] = rt->query_total_memory(static_cast<int>(d));
-    rt->limits_[d] = configured_limit(rt->totals_[d]);
+    totals_[d] = query_total_memory(static_cast<int>(d));
+    limits_[d] = configured_limit(totals_[d]);
   }
-  instance() = std::move(rt);
 }
 
 bool Runtime::initialized() { return static_cast<bool>(instance()); }

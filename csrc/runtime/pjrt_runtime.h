@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kv_store.h"
 #include "persistent_cache.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
@@ -263,6 +264,33 @@ class Runtime {
   // Turns a PJRT error into std::runtime_error carrying the plugin's message.
   void check(PJRT_Error* error, const char* what) const;
 
+  // ---- programs over several devices, distributed clients (multi_device.cpp) ----
+  struct GlobalDevice {
+    int64_t id = 0;     // the plugin's global device id
+    int process = 0;    // the process that can address it
+    int local = -1;     // its index among this process's devices; -1: another process's
+  };
+  // Every device of the client, this process's and (distributed) the others'.
+  std::vector<GlobalDevice> global_devices() const;
+  int64_t global_id(int device) const;
+  // Compiles `mlir_text` (a module with mhlo.num_replicas = ids.size()) to
+  // run replica r on the device whose global id is ids[r]. Not kept in the
+  // persistent cache (collective programs are small and keyed by devices).
+  ExecutablePtr compile_replicated(const std::string& mlir_text, const std::vector<int64_t>& ids);
+  // Launches a replicated program on each of its devices in this process:
+  // `args[i]` are the arguments on local device `devices[i]`; returns each
+  // one's outputs in the same order. Asynchronous, queued like execute().
+  std::vector<std::vector<BufferPtr>> execute_replicated(const Executable& exe, const std::vector<int>& devices,
+                                                         const std::vector<std::vector<BufferPtr>>& args);
+  // Makes the client one node of `num_nodes` (this one `node_id`) that find
+  // each other through `kv`: the client is created again with the plugin's
+  // distributed options. Only before anything was allocated, compiled or run
+  // (the old client's buffers and programs would be lost); throws
+  // std::runtime_error saying what was already done otherwise.
+  void make_distributed(int node_id, int num_nodes, KeyValueStorePtr kv);
+  // (node_id, num_nodes) of a distributed client; (0, 1) otherwise.
+  std::pair<int, int> node() const { return {node_id_, num_nodes_}; }
+
  private:
   Runtime() = default;
   struct Pending {
@@ -292,10 +320,16 @@ class Runtime {
  private:
   void save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
                      const Sha256::Digest& key);
+  void create_client(KeyValueStore* kv, int node_id, int num_nodes);
+  // Queues a launched execution's completion event and what it holds.
+  void enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held);
   std::string cache_identity() const;
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
+  int64_t cpu_device_count_ = 0;
+  KeyValueStorePtr kv_;  // a distributed client's store (outlives the client)
+  int node_id_ = 0, num_nodes_ = 1;
   std::vector<PJRT_Device*> devices_;
   PluginInfo info_;
   std::unique_ptr<PersistentCache> cache_;

@@ -47,8 +47,14 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   result.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i)
     result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
-  Pending p{done, args};
-  p.held.insert(p.held.end(), result.begin(), result.end());
+  std::vector<BufferPtr> held = args;
+  held.insert(held.end(), result.begin(), result.end());
+  enqueue(device, done, std::move(held));
+  return result;
+}
+
+void Runtime::enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held) {
+  Pending p{done, std::move(held)};
   std::lock_guard<std::mutex> lock(pending_mutex_);
   auto& queue = pending_[device];
   queue.push_back(std::move(p));
@@ -64,7 +70,6 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
       queue.pop_front();
     }
   }
-  return result;
 }
 
 void Runtime::retire(Pending& p, bool wait) {

@@ -11,27 +11,13 @@
 
 #include "runtime/errors.h"
 #include "runtime/pjrt_util.h"
+#include "runtime/proto_writer.h"
 
 namespace torch_pjrt::runtime {
 namespace {
 
-// The smallest protobuf writer xla.CompileOptionsProto needs.
-void varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-void field_varint(std::string& out, int field, uint64_t v) {
-  varint(out, static_cast<uint64_t>(field) << 3);
-  varint(out, v);
-}
-void field_bytes(std::string& out, int field, const std::string& bytes) {
-  varint(out, (static_cast<uint64_t>(field) << 3) | 2);
-  varint(out, bytes.size());
-  out += bytes;
-}
+using proto::field_bytes;
+using proto::field_varint;
 
 // CompileOptionsProto{executable_build_options (3): {num_replicas (4),
 // num_partitions (5), use_spmd_partitioning (6),
