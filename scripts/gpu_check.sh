@@ -26,4 +26,7 @@ export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH=
 # torch.compile(backend="tpu") on the CUDA plugin against torch.compile (inductor) on CUDA,
 # same models, dtype (float32) and batch; cold, warm-cache and steady-state times.
 "$PY" benchmarks/compile_bench.py --configs tpu-compiled,tpu-eager,cuda-eager,cuda-inductor --steps 30
+# On-device collectives through the CUDA plugin: a one-rank group runs its
+# collectives as programs (programs over 2 devices need 2 GPUs).
+TORCH_PJRT_DEVICE_COLLECTIVES=1 "$PY" -m pytest tests/test_device_collectives.py -q -p no:cacheprovider
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"
