@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 
 #include "runtime/pjrt_util.h"
@@ -25,18 +26,22 @@ char* copy_out(const std::string& s) {
   return out;
 }
 
+// Hands a value read to the plugin (it copies it, then calls the deleter).
+template <class Args>
+PJRT_Error* give(Args* args, const std::string& v) {
+  args->value = copy_out(v);
+  args->value_size = v.size();
+  args->value_deleter_callback = &free_value;
+  return nullptr;
+}
+
 PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* args) {
   std::string key(args->key, args->key_size);
   try {
-    auto v = store_of(args->user_arg)->get(key, args->timeout_in_ms);
-    if (!v)
-      return fail(args->callback_error, PJRT_Error_Code_DEADLINE_EXCEEDED,
-                  "torch_pjrt: key '" + key + "' did not appear in the store within " +
-                      std::to_string(args->timeout_in_ms) + " ms");
-    args->value = copy_out(*v);
-    args->value_size = v->size();
-    args->value_deleter_callback = &free_value;
-    return nullptr;
+    if (auto v = store_of(args->user_arg)->get(key, args->timeout_in_ms)) return give(args, *v);
+    return fail(args->callback_error, PJRT_Error_Code_DEADLINE_EXCEEDED,
+                "torch_pjrt: key '" + key + "' did not appear in the store within " +
+                    std::to_string(args->timeout_in_ms) + " ms");
   } catch (const std::exception& e) {
     return fail(args->callback_error, PJRT_Error_Code_INTERNAL, e.what());
   }
@@ -45,12 +50,8 @@ PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* args) {
 PJRT_Error* kv_try_get(PJRT_KeyValueTryGetCallback_Args* args) {
   std::string key(args->key, args->key_size);
   try {
-    auto v = store_of(args->user_arg)->try_get(key);
-    if (!v) return fail(args->callback_error, PJRT_Error_Code_NOT_FOUND, "torch_pjrt: key '" + key + "' not set");
-    args->value = copy_out(*v);
-    args->value_size = v->size();
-    args->value_deleter_callback = &free_value;
-    return nullptr;
+    if (auto v = store_of(args->user_arg)->try_get(key)) return give(args, *v);
+    return fail(args->callback_error, PJRT_Error_Code_NOT_FOUND, "torch_pjrt: key '" + key + "' not set");
   } catch (const std::exception& e) {
     return fail(args->callback_error, PJRT_Error_Code_INTERNAL, e.what());
   }

@@ -1,6 +1,5 @@
 // Programs that run on several devices at once (collectives), and the
 // distributed client whose devices span processes.
-#include <chrono>
 #include <map>
 #include <stdexcept>
 
@@ -69,19 +68,7 @@ int64_t Runtime::global_id(int device) const {
 }
 
 ExecutablePtr Runtime::compile_replicated(const std::string& mlir_text, const std::vector<int64_t>& ids) {
-  std::string options = replicated_options(ids);
-  auto t0 = std::chrono::steady_clock::now();
-  PJRT_Program program = mlir_program(mlir_text);
-  auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
-  args.client = client_;
-  args.program = &program;
-  args.compile_options = options.data();
-  args.compile_options_size = options.size();
-  check(api_->PJRT_Client_Compile(&args), "compile (replicated)");
-  metrics().xla_compiles++;
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  metrics().compile_seconds = metrics().compile_seconds + secs;
-  return wrap(args.executable);
+  return wrap(compile_with(mlir_text, replicated_options(ids), "compile (replicated)"));
 }
 
 std::vector<std::vector<BufferPtr>> Runtime::execute_replicated(const Executable& exe, const std::vector<int>& devices,

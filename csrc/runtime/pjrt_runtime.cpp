@@ -565,21 +565,26 @@ ExecutablePtr Runtime::compile(const std::string& mlir_text) {
     metrics().persistent_cache_misses++;
   }
 
+  PJRT_LoadedExecutable* loaded = compile_with(mlir_text, kCompileOptionsBytes, "compile");
+  ExecutablePtr exe = wrap(loaded);
+  if (key && cache_->enabled()) save_to_cache(loaded, mlir_text, *key);
+  return exe;
+}
+
+PJRT_LoadedExecutable* Runtime::compile_with(const std::string& mlir_text, const std::string& options,
+                                             const char* what) {
   auto t0 = std::chrono::steady_clock::now();
   PJRT_Program program = mlir_program(mlir_text);
   auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
-  args.compile_options = kCompileOptions;
-  args.compile_options_size = sizeof(kCompileOptions);
-  check(api_->PJRT_Client_Compile(&args), "compile");
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
+  check(api_->PJRT_Client_Compile(&args), what);
   metrics().xla_compiles++;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   metrics().compile_seconds = metrics().compile_seconds + secs;
-
-  ExecutablePtr exe = wrap(args.executable);
-  if (key && cache_->enabled()) save_to_cache(args.executable, mlir_text, *key);
-  return exe;
+  return args.executable;
 }
 
 }  // namespace torch_pjrt::runtime

@@ -321,6 +321,8 @@ class Runtime {
   void save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& mlir_text,
                      const Sha256::Digest& key);
   void create_client(KeyValueStore* kv, int node_id, int num_nodes);
+  // PJRT_Client_Compile with serialized compile options (counted, timed).
+  PJRT_LoadedExecutable* compile_with(const std::string& mlir_text, const std::string& options, const char* what);
   // Queues a launched execution's completion event and what it holds.
   void enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held);
   std::string cache_identity() const;
