@@ -171,6 +171,26 @@ def test_device_backend_two_ranks_as_threads():
     assert res["device_collectives"] == 38 and res["host_collectives"] == 2
 
 
+@two_devices
+def test_ddp_two_ranks_as_threads_matches_one_process():
+    """DDP over the device backend (buckets, hooks, futures), 2 ranks as
+    threads each on half of every batch: the mean of their losses and the
+    parameters after 5 SGD steps equal one process on the whole batch."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "fixtures", "device_backend_threads.py"), "ddp"],
+                          env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["errors"] == []
+    r0, r1 = res["ranks"]
+    ref = res["reference"]
+    mean = [(a + b) / 2 for a, b in zip(r0["losses"], r1["losses"])]
+    torch.testing.assert_close(torch.tensor(mean), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6)
+    for p0, p1, pr in zip(r0["params"], r1["params"], ref["params"]):
+        assert p0 == p1  # the ranks agree exactly
+        torch.testing.assert_close(torch.tensor(p0), torch.tensor(pr), rtol=1e-5, atol=1e-6)
+    assert res["device_collectives"] >= 2 * 5 and res["host_collectives"] == 0
+
+
 def test_one_rank_process_group_runs_on_device():
     """TORCH_PJRT_DEVICE_COLLECTIVES=1 with one rank: init_process_group,
     the collectives and DDP go through the device backend."""
