@@ -4,14 +4,15 @@
 
 #include <sstream>
 
+#include "lowering/builder.h"
+
 namespace torch_pjrt::distributed {
 namespace {
 
+using lowering::Builder;
 using lowering::DType;
-
-std::string tensor(int64_t n, DType t) {
-  return "tensor<" + std::to_string(n) + "x" + lowering::mlir_name(t) + ">";
-}
+using lowering::TensorType;
+using lowering::Value;
 
 const char* reduction_name(Reduction r) {
   switch (r) {
@@ -26,25 +27,18 @@ const char* reduction_name(Reduction r) {
 
 // The reduction's combining op on scalars of `t`. Bool: sum and max are
 // "or", product and min are "and" (what gloo computes on bool).
-std::string combiner(const CollectiveSpec& s) {
-  DType t = s.dtype;
+const char* combiner(const CollectiveSpec& s, DType t) {
   if (lowering::is_complex(t) && (s.reduction == Reduction::Min || s.reduction == Reduction::Max))
     TORCH_CHECK_TYPE(false, "torch_pjrt: ", collective_name(s.kind), " with ReduceOp.", reduction_name(s.reduction),
                      " is not defined for complex tensors (", lowering::dtype_name(t), ")");
-  const char* op = "stablehlo.add";
   switch (s.reduction) {
     case Reduction::Sum:
-    case Reduction::Avg: op = t == DType::Bool ? "stablehlo.or" : "stablehlo.add"; break;
-    case Reduction::Product: op = t == DType::Bool ? "stablehlo.and" : "stablehlo.multiply"; break;
-    case Reduction::Min: op = t == DType::Bool ? "stablehlo.and" : "stablehlo.minimum"; break;
-    case Reduction::Max: op = t == DType::Bool ? "stablehlo.or" : "stablehlo.maximum"; break;
+    case Reduction::Avg: return t == DType::Bool ? "stablehlo.or" : "stablehlo.add";
+    case Reduction::Product: return t == DType::Bool ? "stablehlo.and" : "stablehlo.multiply";
+    case Reduction::Min: return t == DType::Bool ? "stablehlo.and" : "stablehlo.minimum";
+    case Reduction::Max: return t == DType::Bool ? "stablehlo.or" : "stablehlo.maximum";
   }
-  std::string scalar = std::string("tensor<") + lowering::mlir_name(t) + ">";
-  std::ostringstream r;
-  r << "({\n  ^bb0(%a: " << scalar << ", %b: " << scalar << "):\n"
-    << "    %r = \"" << op << "\"(%a, %b) : (" << scalar << ", " << scalar << ") -> " << scalar << "\n"
-    << "    \"stablehlo.return\"(%r) : (" << scalar << ") -> ()\n  })";
-  return r.str();
+  return "stablehlo.add";
 }
 
 std::string groups(int ranks) {
@@ -82,69 +76,70 @@ int64_t output_numel(const CollectiveSpec& s) {
   }
 }
 
-std::string collective_program(const CollectiveSpec& s) {
+Value emit_collective(Builder& b, const CollectiveSpec& s, const Value& x) {
   TORCH_CHECK_VALUE(s.ranks >= 1, "torch_pjrt: a collective needs at least one rank");
   TORCH_CHECK_VALUE(s.kind != Collective::Permute || s.ranks == 2, "torch_pjrt: send/recv runs on 2 devices");
+  TORCH_CHECK_VALUE(x.rank() >= 1, "torch_pjrt: ", collective_name(s.kind), " takes a tensor of rank >= 1");
+  DType t = x.dtype();
+  int64_t n0 = x.shape()[0];
   if (s.kind == Collective::ReduceScatter || s.kind == Collective::AllToAll)
-    TORCH_CHECK_VALUE(s.numel % s.ranks == 0, "torch_pjrt: ", collective_name(s.kind), " of ", s.numel,
-                      " elements does not split evenly over ", s.ranks, " ranks");
-  int64_t out_n = output_numel(s);
-  std::string in_t = tensor(s.numel, s.dtype), out_t = tensor(out_n, s.dtype);
-  std::ostringstream m;
-  m << "module @collective attributes {mhlo.num_replicas = " << s.ranks << " : i32, mhlo.num_partitions = 1 : i32} {\n"
-    << "  func.func public @main(%arg0: " << in_t << ") -> " << out_t << " {\n";
-  std::string result = "%0";
+    TORCH_CHECK_VALUE(n0 % s.ranks == 0, "torch_pjrt: ", collective_name(s.kind), " of ", n0,
+                      x.rank() == 1 ? " elements" : " rows", " does not split evenly over ", s.ranks, " ranks");
+  std::string replica_groups = "replica_groups = " + groups(s.ranks);
+  auto with_dim0 = [&](int64_t rows) {
+    TensorType out = x.type;
+    out.shape[0] = rows;
+    return out;
+  };
+  Value r;
   switch (s.kind) {
     case Collective::AllReduce:
-      m << "    %0 = \"stablehlo.all_reduce\"(%arg0) " << combiner(s) << " {replica_groups = " << groups(s.ranks)
-        << "} : (" << in_t << ") -> " << out_t << "\n";
+      r = b.op_multi("stablehlo.all_reduce", {x}, {x.type}, replica_groups,
+                     b.binary_region(t, combiner(s, t)))[0];
       break;
     case Collective::ReduceScatter:
-      m << "    %0 = \"stablehlo.reduce_scatter\"(%arg0) " << combiner(s) << " {replica_groups = "
-        << groups(s.ranks) << ", scatter_dimension = 0 : i64} : (" << in_t << ") -> " << out_t << "\n";
+      r = b.op_multi("stablehlo.reduce_scatter", {x}, {with_dim0(n0 / s.ranks)},
+                     replica_groups + ", scatter_dimension = 0 : i64", b.binary_region(t, combiner(s, t)))[0];
       break;
     case Collective::AllGather:
-      m << "    %0 = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, replica_groups = " << groups(s.ranks)
-        << "} : (" << in_t << ") -> " << out_t << "\n";
+      r = b.op("stablehlo.all_gather", {x}, with_dim0(n0 * s.ranks), "all_gather_dim = 0 : i64, " + replica_groups);
       break;
     case Collective::AllToAll:
-      m << "    %0 = \"stablehlo.all_to_all\"(%arg0) {concat_dimension = 0 : i64, replica_groups = "
-        << groups(s.ranks) << ", split_count = " << s.ranks << " : i64, split_dimension = 0 : i64} : (" << in_t
-        << ") -> " << out_t << "\n";
+      r = b.op("stablehlo.all_to_all", {x}, x.type,
+               "concat_dimension = 0 : i64, " + replica_groups + ", split_count = " + std::to_string(s.ranks) +
+                   " : i64, split_dimension = 0 : i64");
       break;
     case Collective::Broadcast: {
       // Everyone gathers every rank's value and keeps the root's: exact bits,
       // where a masked all-reduce would lose -0.0 and NaN payloads.
-      std::string all_t = tensor(s.numel * s.ranks, s.dtype);
-      m << "    %g = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, replica_groups = " << groups(s.ranks)
-        << "} : (" << in_t << ") -> " << all_t << "\n"
-        << "    %0 = \"stablehlo.slice\"(%g) {start_indices = array<i64: " << s.root * s.numel
-        << ">, limit_indices = array<i64: " << (s.root + 1) * s.numel << ">, strides = array<i64: 1>} : (" << all_t
-        << ") -> " << out_t << "\n";
+      Value all = b.op("stablehlo.all_gather", {x}, with_dim0(n0 * s.ranks),
+                       "all_gather_dim = 0 : i64, " + replica_groups);
+      lowering::Shape start(x.rank(), 0), limit = all.shape();
+      start[0] = s.root * n0;
+      limit[0] = (s.root + 1) * n0;
+      r = b.slice(all, start, limit);
       break;
     }
     case Collective::Permute:
-      m << "    %0 = \"stablehlo.collective_permute\"(%arg0) {source_target_pairs = dense<[[0, 1]]> : "
-           "tensor<1x2xi64>} : (" << in_t << ") -> " << out_t << "\n";
+      r = b.op("stablehlo.collective_permute", {x}, x.type, "source_target_pairs = dense<[[0, 1]]> : tensor<1x2xi64>");
       break;
   }
   bool reduces = s.kind == Collective::AllReduce || s.kind == Collective::ReduceScatter;
   if (reduces && s.reduction == Reduction::Avg) {
-    TORCH_CHECK_TYPE(s.dtype != DType::Bool, "torch_pjrt: ", collective_name(s.kind),
+    TORCH_CHECK_TYPE(t != DType::Bool, "torch_pjrt: ", collective_name(s.kind),
                      " with ReduceOp.AVG is not defined for bool");
-    std::string scalar = std::string("tensor<") + lowering::mlir_name(s.dtype) + ">";
-    std::string count = lowering::is_float(s.dtype) || lowering::is_complex(s.dtype)
-                            ? std::to_string(s.ranks) + ".0"
-                            : std::to_string(s.ranks);
-    if (lowering::is_complex(s.dtype)) count = "(" + count + ", 0.0)";
-    m << "    %n = stablehlo.constant dense<" << count << "> : " << scalar << "\n"
-      << "    %nb = \"stablehlo.broadcast_in_dim\"(%n) {broadcast_dimensions = array<i64>} : (" << scalar << ") -> "
-      << out_t << "\n"
-      << "    %1 = \"stablehlo.divide\"(%0, %nb) : (" << out_t << ", " << out_t << ") -> " << out_t << "\n";
-    result = "%1";
+    TORCH_CHECK_TYPE(!lowering::is_complex(t), "torch_pjrt: ", collective_name(s.kind),
+                     " with ReduceOp.AVG: complex tensors take ReduceOp.SUM and a division");
+    r = b.binary("divide", r, b.broadcast_to(b.constant_int(s.ranks, t), r.shape()));
   }
-  m << "    \"func.return\"(" << result << ") : (" << out_t << ") -> ()\n  }\n}\n";
-  return m.str();
+  return r;
+}
+
+std::string collective_program(const CollectiveSpec& s) {
+  Builder b;
+  b.set_replicas(s.ranks);
+  Value x = b.param(TensorType{s.dtype, {s.numel}});
+  return b.finish({emit_collective(b, s, x)});
 }
 
 }  // namespace torch_pjrt::distributed

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lowering/builder.h"
 #include "lowering/types.h"
 
 namespace torch_pjrt::distributed {
@@ -27,6 +28,10 @@ struct CollectiveSpec {
   std::string key() const;
 };
 
+// Emits the collective of `s` on `x` into `b` (gather and scatter along
+// dimension 0; `s.numel` is not read): the standalone programs here and the
+// collectives inside compiled graphs (graph_program.cpp) share it.
+lowering::Value emit_collective(lowering::Builder& b, const CollectiveSpec& s, const lowering::Value& x);
 // The module; throws c10::Error (TypeError / ValueError as c10d raises)
 // naming the collective when the dtype or reduction cannot run.
 std::string collective_program(const CollectiveSpec& spec);

@@ -72,12 +72,14 @@ class DeviceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // Global device ids of every rank, exchanged through the store at the
+  // first collective (`device`: this rank's); compiled graphs' collectives
+  // ask too.
+  const std::vector<int64_t>& ids(int device);
+
  private:
   // Whether the collective's tensors are one tpu device's (else the fallback runs it).
   bool on_device(const std::vector<at::Tensor>& tensors) const;
-  // Global device ids of every rank, exchanged through the store at the
-  // first collective (`device`: this rank's).
-  const std::vector<int64_t>& ids(int device);
   // Runs `spec` over `devices` (global ids, replica order) with this rank's
   // `input` as replica `replica`'s; returns the flat output.
   at::Tensor run(const CollectiveSpec& spec, const std::vector<int64_t>& devices, const at::Tensor& input);

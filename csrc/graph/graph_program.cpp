@@ -392,7 +392,8 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       }
     }
   }
-  std::vector<runtime::BufferPtr> outs = rt.execute(*exe, keep, device);
+  std::vector<runtime::BufferPtr> outs =
+      g.replica_ids.empty() ? rt.execute(*exe, keep, device) : rt.execute_replicated(*exe, {device}, {keep})[0];
   if (g.check_output >= 0) rt.set_check_word(device, outs.at(g.check_output));
   for (const auto& [input, output] : g.mutations) {
     const at::Tensor& t = inputs.at(input);

@@ -102,6 +102,9 @@ struct CompiledGraph {
   std::vector<OutputSpec> outputs;            // returned to the caller
   std::vector<std::pair<int, int>> mutations;  // (input index, program output): written back
   int device = 0;  // where it runs when no input is a tpu tensor (factories only)
+  // Non-empty: the graph holds collectives; replica r runs on the device of
+  // global id replica_ids[r], and each rank launches its own part.
+  std::vector<int64_t> replica_ids;
   // The program as one step of a fused eager trace (its text kept for that).
   std::shared_ptr<eager::Plan> fused_plan;
 };

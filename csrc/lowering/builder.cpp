@@ -372,7 +372,11 @@ Value Builder::scatter_elements(const Value& x, const Value& indices, const Valu
 }
 
 std::string Builder::finish(const std::vector<Value>& results) const {
-  std::string s = "module @torch_pjrt {\n" + functions_ + "  func.func public @main(";
+  std::string s = "module @torch_pjrt " +
+                  (replicas_ > 0 ? "attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " +
+                                       std::to_string(replicas_) + " : i32} "
+                                 : std::string()) +
+                  "{\n" + functions_ + "  func.func public @main(";
   for (size_t i = 0; i < params_.size(); ++i) {
     s += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + params_[i].str();
     for (const auto& [param, result] : aliases_)

@@ -72,6 +72,10 @@ class Builder {
   // Adds a private function (its text) to the module finish() makes; calls
   // to it are `func.call` ops (fused eager composes op programs this way).
   void add_function(const std::string& text) { functions_ += text; }
+  // A program run replicated on `n` devices (collectives): the module's
+  // mhlo.num_replicas. 0: an ordinary one-device program.
+  void set_replicas(int n) { replicas_ = n; }
+  int replicas() const { return replicas_; }
   const std::vector<TensorType>& param_types() const { return params_; }
   // Parameter `param` may share its buffer with result `result` (the
   // tf.aliasing_output attribute: a donated input becomes that output).
@@ -81,6 +85,7 @@ class Builder {
 
  private:
   int next_ = 0;
+  int replicas_ = 0;
   std::vector<TensorType> params_;
   std::vector<std::pair<size_t, size_t>> aliases_;
   std::string body_;

@@ -37,6 +37,18 @@ void bind_distributed(py::module& m) {
     return c10::intrusive_ptr<c10d::Backend>(
         c10::make_intrusive<distributed::DeviceBackend>(std::move(store), rank, size, std::move(fallback)));
   });
+  // The group's devices (global ids by rank) when `backend` runs collectives
+  // on the device; None for any other backend.
+  m.def("device_backend_ids", [](c10::intrusive_ptr<c10d::Backend> backend, int device) -> py::object {
+    auto* d = dynamic_cast<distributed::DeviceBackend*>(backend.get());
+    if (!d) return py::none();
+    std::vector<int64_t> ids;
+    {
+      py::gil_scoped_release release;  // may wait for the other ranks' ids in the store
+      ids = d->ids(device);
+    }
+    return py::cast(ids);
+  });
   // The client spans processes from now on; `store` is the job's (keys under it are the plugin's).
   m.def("make_distributed_client", [](c10::intrusive_ptr<c10d::Store> store, int node_id, int num_nodes) {
     py::gil_scoped_release release;  // the plugin waits on the other processes through the store

@@ -4,7 +4,10 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+
 #include "device/dtype_map.h"
+#include "distributed/collective_programs.h"
 #include "eager/plan.h"
 #include "graph/graph_program.h"
 #include "python/graph_bindings.h"
@@ -131,6 +134,32 @@ void bind_graph(py::module& m) {
         const auto& t = g.value(id).type;
         return py::make_tuple(device::to_scalar_type(t.dtype), t.shape);
       })
+      // A collective over `ranks` replicas (replica r = group rank r) on
+      // value `id`: the graph becomes a replicated program (docs/distributed.md).
+      .def("collective",
+           [](GraphProgram& g, const std::string& kind, const std::string& reduction, int id, int ranks, int root) {
+             static const std::map<std::string, distributed::Collective> kinds = {
+                 {"all_reduce", distributed::Collective::AllReduce},
+                 {"all_gather", distributed::Collective::AllGather},
+                 {"reduce_scatter", distributed::Collective::ReduceScatter},
+                 {"broadcast", distributed::Collective::Broadcast}};
+             static const std::map<std::string, distributed::Reduction> reductions = {
+                 {"sum", distributed::Reduction::Sum}, {"avg", distributed::Reduction::Avg},
+                 {"product", distributed::Reduction::Product}, {"min", distributed::Reduction::Min},
+                 {"max", distributed::Reduction::Max}};
+             TORCH_CHECK_VALUE(kinds.count(kind) && reductions.count(reduction), "torch_pjrt: no graph lowering for ",
+                               kind, " with reduction '", reduction, "'");
+             auto& b = g.builder();
+             TORCH_CHECK_VALUE(b.replicas() == 0 || b.replicas() == ranks, "torch_pjrt: a compiled graph with ",
+                               "collectives over ", b.replicas(), " and ", ranks, " ranks");
+             b.set_replicas(ranks);
+             distributed::CollectiveSpec spec;
+             spec.kind = kinds.at(kind);
+             spec.reduction = reductions.at(reduction);
+             spec.ranks = ranks;
+             spec.root = root;
+             return g.add(distributed::emit_collective(b, spec, g.value(id)));
+           })
       .def("finish", &GraphProgram::finish)
       .def("num_params", [](GraphProgram& g) { return g.params().size(); })
       // Per program parameter: (kind, graph input index or -1); readiness
@@ -144,11 +173,14 @@ void bind_graph(py::module& m) {
 
   py::class_<graph::CompiledGraph, std::shared_ptr<graph::CompiledGraph>>(m, "CompiledGraph")
       .def(py::init([](GraphProgram& prog, const std::string& text, const py::list& outputs,
-                       const std::vector<std::pair<int, int>>& mutations, int device, const std::string& name) {
+                       const std::vector<std::pair<int, int>>& mutations, int device, const std::string& name,
+                       const std::vector<int64_t>& replica_ids) {
         auto cg = std::make_shared<graph::CompiledGraph>();
+        cg->replica_ids = replica_ids;
         {
           py::gil_scoped_release release;
-          graph::make_resident(*cg, runtime::Runtime::get().compile(text));
+          auto& rt = runtime::Runtime::get();
+          graph::make_resident(*cg, replica_ids.empty() ? rt.compile(text) : rt.compile_replicated(text, replica_ids));
         }
         cg->params = prog.params();
         cg->check_output = prog.check_output();
@@ -164,11 +196,13 @@ void bind_graph(py::module& m) {
         }
         cg->mutations = mutations;
         cg->device = device;
-        graph::prepare_fused(*cg, prog, text, name);
+        // A replicated program launches its part with the other ranks'; it
+        // does not join a fused trace.
+        if (replica_ids.empty()) graph::prepare_fused(*cg, prog, text, name);
         return cg;
       }),
            py::arg("prog"), py::arg("text"), py::arg("outputs"), py::arg("mutations"), py::arg("device"),
-           py::arg("name") = "graph")
+           py::arg("name") = "graph", py::arg("replica_ids") = std::vector<int64_t>{})
       // Without the GIL: other Python threads run while this one waits for
       // the device lock or the device.
       .def("run", &graph::run, py::call_guard<py::gil_scoped_release>())

@@ -162,7 +162,7 @@ class CompiledGraphFn:
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
             print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)
         cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations, lowered.device,
-                                    self.name)
+                                    self.name, lowered.replica_ids)
         lowered.prog = lowered.text = None  # the builder's text is not needed to run
         self._forget_evicted()
         t2 = time.perf_counter()

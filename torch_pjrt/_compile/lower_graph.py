@@ -32,11 +32,26 @@ class _Val:
         self.root = root  # views: the value whose storage they view
 
 
+def _device_group_ids(group_name, meta):
+    """Global device ids of the group's ranks when its tpu backend runs
+    collectives on the device (None otherwise)."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    try:
+        backend = _resolve_process_group(group_name)._get_backend(torch.device("tpu"))
+    except (RuntimeError, ValueError, KeyError):
+        return None
+    return _state.C.device_backend_ids(backend, torch.tpu.current_device())
+
+
 class Lowered:
     """The program text plus what the runner needs to feed and unpack it."""
 
-    def __init__(self, prog, text, outputs, output_template, mutations, host, device):
+    def __init__(self, prog, text, outputs, output_template, mutations, host, device, replica_ids=()):
         self.prog, self.text = prog, text
+        self.replica_ids = list(replica_ids)      # collectives: global device id of each group rank
         self.device = device                     # tpu index, when no input says it
         self.host = host                         # HostPart or None
         self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
@@ -85,6 +100,7 @@ class _Walker:
         self.C = _state.C
         self.prog = self.C.GraphProgram()
         self.mutations = {}    # input index -> value id
+        self.replica_ids = []  # set by the graph's collectives (one group per graph)
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -134,6 +150,8 @@ class _Walker:
         schema = op._schema
         name = schema.name.split("::")[1]
         overload = schema.overload_name
+        if schema.name.startswith("_c10d_functional::"):
+            return self.collective(op, name, args)
         if name == "copy_":
             return self.copy_into_input(args[0], args[1])
         if not schema.returns and not mutates(schema):
@@ -157,6 +175,49 @@ class _Walker:
         if per_element:
             return self.foreach(schema, lowering, overload, args, kwargs, out_meta)
         return self.lower(schema, lowering, overload, args, kwargs, out_meta)
+
+    # Functional collectives (DDP / FSDP2 / DTensor under torch.compile):
+    # where the group's tpu backend runs collectives on the device, they are
+    # lowered into the graph's program, which then runs replicated over the
+    # group's devices; elsewhere the graph is compiled in pieces around them.
+    _COLLECTIVES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+                    "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
+
+    def collective(self, op, name, args):
+        if name == "wait_tensor":
+            return args[0]  # the program orders the collective before its readers
+        kind = self._COLLECTIVES.get(name)
+        if kind is None:
+            raise Unsupported(op, "no graph lowering for this collective")
+        x, group_name = args[0], args[-1]
+        if not isinstance(x, _Val):
+            raise Unsupported(op, "a collective on a value the graph does not hold")
+        ids = _device_group_ids(group_name, x.meta)
+        if ids is None:
+            raise Unsupported(op, "its process group runs collectives through host copies, not on the device")
+        if self.replica_ids and self.replica_ids != ids:
+            raise Unsupported(op, "collectives over two process groups in one graph")
+        ranks, reduction, root = len(ids), "sum", 0
+        if name in ("all_reduce", "reduce_scatter_tensor"):
+            reduction = str(args[1]).lower()
+            if reduction not in ("sum", "avg", "product", "min", "max"):
+                raise Unsupported(op, f"reduction {args[1]!r} has no graph lowering")
+        if name in ("all_gather_into_tensor", "reduce_scatter_tensor") and args[-2] != ranks:
+            raise Unsupported(op, f"group size {args[-2]} for a group of {ranks} ranks")
+        if name == "broadcast":
+            root = int(args[1])
+        shape = list(x.meta.shape)
+        if not shape:
+            raise Unsupported(op, "a collective on a 0-d tensor")
+        if kind == "all_gather":
+            shape[0] *= ranks
+        elif kind == "reduce_scatter":
+            if shape[0] % ranks:
+                raise Unsupported(op, f"{shape[0]} rows do not split over {ranks} ranks")
+            shape[0] //= ranks
+        vid = self.prog.collective(kind, reduction, x.id, ranks, root)
+        self.replica_ids = ids
+        return _Val(vid, torch.empty(shape, dtype=x.meta.dtype, device=_META))
 
     def lower(self, schema, name, overload, args, kwargs, out_meta):
         single = isinstance(out_meta, torch.Tensor)
@@ -387,4 +448,4 @@ def lower_graph(gm, args, host_part=None):
     device = next((t.device.index or 0 for n in out_nodes if isinstance(n, torch.fx.Node)
                    for t in [n.meta.get("val")] if isinstance(t, torch.Tensor) and t.device.type == "tpu"),
                   torch.tpu.current_device())
-    return Lowered(w.prog, text, outputs, template, mutations, host_part, device)
+    return Lowered(w.prog, text, outputs, template, mutations, host_part, device, w.replica_ids)
