@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <map>
 #include <sstream>
 
 #include "lowering/builder.h"
@@ -59,6 +60,27 @@ const char* collective_name(Collective c) {
     case Collective::Permute: return "send/recv";
   }
   return "?";
+}
+
+Collective collective_from_name(const std::string& name) {
+  static const std::map<std::string, Collective> kinds = {
+      {"all_reduce", Collective::AllReduce}, {"all_gather", Collective::AllGather},
+      {"reduce_scatter", Collective::ReduceScatter}, {"all_to_all", Collective::AllToAll},
+      {"broadcast", Collective::Broadcast}, {"permute", Collective::Permute}};
+  auto it = kinds.find(name);
+  TORCH_CHECK_VALUE(it != kinds.end(), "torch_pjrt: unknown collective '", name, "'");
+  return it->second;
+}
+
+Reduction reduction_from_name(const std::string& name) {
+  static const std::map<std::string, Reduction> reductions = {{"sum", Reduction::Sum},
+                                                              {"avg", Reduction::Avg},
+                                                              {"product", Reduction::Product},
+                                                              {"min", Reduction::Min},
+                                                              {"max", Reduction::Max}};
+  auto it = reductions.find(name);
+  TORCH_CHECK_VALUE(it != reductions.end(), "torch_pjrt: unknown reduction '", name, "'");
+  return it->second;
 }
 
 std::string CollectiveSpec::key() const {

@@ -38,5 +38,10 @@ std::string collective_program(const CollectiveSpec& spec);
 // Elements of each rank's output.
 int64_t output_numel(const CollectiveSpec& spec);
 const char* collective_name(Collective c);
+// From the names Python uses ("all_reduce", "all_gather", "reduce_scatter",
+// "all_to_all", "broadcast", "permute"; "sum", "avg", "product", "min",
+// "max"); throws ValueError naming an unknown one.
+Collective collective_from_name(const std::string& name);
+Reduction reduction_from_name(const std::string& name);
 
 }  // namespace torch_pjrt::distributed

@@ -2,8 +2,6 @@
 
 #include <torch/csrc/utils/pybind.h>
 
-#include <map>
-
 #include "device/dtype_map.h"
 
 #include "distributed/collective_programs.h"
@@ -68,20 +66,10 @@ void bind_distributed(py::module& m) {
   });
   m.def("run_collective_locally", [](const std::string& kind, const std::vector<at::Tensor>& inputs,
                                      const std::string& reduction, int root) {
-    static const std::map<std::string, distributed::Collective> kinds = {
-        {"all_reduce", distributed::Collective::AllReduce}, {"all_gather", distributed::Collective::AllGather},
-        {"reduce_scatter", distributed::Collective::ReduceScatter}, {"all_to_all", distributed::Collective::AllToAll},
-        {"broadcast", distributed::Collective::Broadcast}, {"permute", distributed::Collective::Permute}};
-    static const std::map<std::string, distributed::Reduction> reductions = {
-        {"sum", distributed::Reduction::Sum}, {"avg", distributed::Reduction::Avg},
-        {"product", distributed::Reduction::Product}, {"min", distributed::Reduction::Min},
-        {"max", distributed::Reduction::Max}};
-    TORCH_CHECK_VALUE(kinds.count(kind) && reductions.count(reduction), "torch_pjrt: unknown collective '", kind,
-                      "' or reduction '", reduction, "'");
     TORCH_CHECK_VALUE(!inputs.empty(), "torch_pjrt: a collective needs inputs");
     distributed::CollectiveSpec s;
-    s.kind = kinds.at(kind);
-    s.reduction = reductions.at(reduction);
+    s.kind = distributed::collective_from_name(kind);
+    s.reduction = distributed::reduction_from_name(reduction);
     s.dtype = device::to_dtype(inputs[0].scalar_type());
     s.numel = inputs[0].numel();
     s.ranks = static_cast<int>(inputs.size());
@@ -90,7 +78,7 @@ void bind_distributed(py::module& m) {
   });
   m.def("collective_program", [](const std::string& kind, int64_t numel, int ranks) {
     distributed::CollectiveSpec s;
-    s.kind = kind == "all_gather" ? distributed::Collective::AllGather : distributed::Collective::AllReduce;
+    s.kind = distributed::collective_from_name(kind);
     s.numel = numel;
     s.ranks = ranks;
     return distributed::collective_program(s);

@@ -138,26 +138,15 @@ void bind_graph(py::module& m) {
       // value `id`: the graph becomes a replicated program (docs/distributed.md).
       .def("collective",
            [](GraphProgram& g, const std::string& kind, const std::string& reduction, int id, int ranks, int root) {
-             static const std::map<std::string, distributed::Collective> kinds = {
-                 {"all_reduce", distributed::Collective::AllReduce},
-                 {"all_gather", distributed::Collective::AllGather},
-                 {"reduce_scatter", distributed::Collective::ReduceScatter},
-                 {"broadcast", distributed::Collective::Broadcast}};
-             static const std::map<std::string, distributed::Reduction> reductions = {
-                 {"sum", distributed::Reduction::Sum}, {"avg", distributed::Reduction::Avg},
-                 {"product", distributed::Reduction::Product}, {"min", distributed::Reduction::Min},
-                 {"max", distributed::Reduction::Max}};
-             TORCH_CHECK_VALUE(kinds.count(kind) && reductions.count(reduction), "torch_pjrt: no graph lowering for ",
-                               kind, " with reduction '", reduction, "'");
+             distributed::CollectiveSpec spec;
+             spec.kind = distributed::collective_from_name(kind);
+             spec.reduction = distributed::reduction_from_name(reduction);
+             spec.ranks = ranks;
+             spec.root = root;
              auto& b = g.builder();
              TORCH_CHECK_VALUE(b.replicas() == 0 || b.replicas() == ranks, "torch_pjrt: a compiled graph with ",
                                "collectives over ", b.replicas(), " and ", ranks, " ranks");
              b.set_replicas(ranks);
-             distributed::CollectiveSpec spec;
-             spec.kind = kinds.at(kind);
-             spec.reduction = reductions.at(reduction);
-             spec.ranks = ranks;
-             spec.root = root;
              return g.add(distributed::emit_collective(b, spec, g.value(id)));
            })
       .def("finish", &GraphProgram::finish)
