@@ -191,6 +191,23 @@ def test_ddp_two_ranks_as_threads_matches_one_process():
     assert res["device_collectives"] >= 2 * 5 and res["host_collectives"] == 0
 
 
+@two_devices
+def test_a_peer_that_never_joins_ends_the_process_after_the_timeout():
+    """Rank 1 never launches its part of rank 0's all_reduce: the watchdog
+    ends the process after the group's timeout (3 s) with a message naming
+    the collective, rank and device, instead of a wait without end."""
+    import time
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "fixtures", "device_backend_threads.py"),
+                           "hang"], env=_env(), capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert ("all_reduce on rank 0 (tpu:0, 4 elements) did not complete within the process group's timeout "
+            "(3000 ms)") in proc.stderr, proc.stderr[-2000:]
+    assert "finished" not in proc.stdout
+    assert elapsed < 30, elapsed  # the plugin's own rendezvous would abort only after 40 s
+
+
 def test_one_rank_process_group_runs_on_device():
     """TORCH_PJRT_DEVICE_COLLECTIVES=1 with one rank: init_process_group,
     the collectives and DDP go through the device backend."""

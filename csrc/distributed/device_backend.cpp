@@ -9,6 +9,7 @@
 #include "device/dtype_map.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "distributed/watchdog.h"
 
 namespace torch_pjrt::distributed {
 
@@ -114,8 +115,8 @@ std::vector<at::Tensor> run_collective_locally(const CollectiveSpec& spec, const
 }
 
 DeviceBackend::DeviceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                             c10::intrusive_ptr<c10d::Backend> fallback)
-    : c10d::Backend(rank, size), store_(std::move(store)), fallback_(std::move(fallback)) {}
+                             c10::intrusive_ptr<c10d::Backend> fallback, std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), store_(std::move(store)), fallback_(std::move(fallback)), timeout_(timeout) {}
 
 bool DeviceBackend::on_device(const std::vector<at::Tensor>& tensors) const {
   if (tensors.empty()) return false;
@@ -158,7 +159,11 @@ at::Tensor DeviceBackend::run(const CollectiveSpec& spec, const std::vector<int6
   // Outside the device lock: a plugin may launch (and wait for the other
   // participants) in this call; ranks that share this process (threads, one
   // device each) must still reach theirs.
-  auto outs = runtime::Runtime::get().execute_replicated(*exe, {device}, {{in}});
+  auto& rt = runtime::Runtime::get();
+  Watch watch(timeout_, std::string(collective_name(spec.kind)) + " on rank " + std::to_string(rank_) + " (tpu:" +
+                            std::to_string(device) + ", " + std::to_string(spec.numel) + " elements)");
+  auto outs = rt.execute_replicated(*exe, {device}, {{in}});
+  watch.launched(rt.record_event(device));
   device_collectives()++;
   return flat_result(outs[0][0], spec, input);
 }

@@ -32,8 +32,10 @@ class DeviceBackend : public c10d::Backend {
  public:
   // `store`: a store of this group's own (device ids are exchanged there);
   // `fallback`: the host-copy backend of the same group.
+  // `timeout`: the group's; a collective not done by then ends the process
+  // (watchdog.h).
   DeviceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                c10::intrusive_ptr<c10d::Backend> fallback);
+                c10::intrusive_ptr<c10d::Backend> fallback, std::chrono::milliseconds timeout);
   const std::string getBackendName() const override { return "tpu"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -87,6 +89,7 @@ class DeviceBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
+  std::chrono::milliseconds timeout_;
   int device_ = -1;
   std::vector<int64_t> ids_;
 };

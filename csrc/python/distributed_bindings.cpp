@@ -30,11 +30,14 @@ void bind_distributed(py::module& m) {
     d["distributed_device_collectives"] = distributed::device_collectives().load();
     return d;
   });
-  m.def("device_backend", [](c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                             c10::intrusive_ptr<c10d::Backend> fallback) {
-    return c10::intrusive_ptr<c10d::Backend>(
-        c10::make_intrusive<distributed::DeviceBackend>(std::move(store), rank, size, std::move(fallback)));
-  });
+  m.def(
+      "device_backend",
+      [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<c10d::Backend> fallback,
+         int64_t timeout_ms) {
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<distributed::DeviceBackend>(
+            std::move(store), rank, size, std::move(fallback), std::chrono::milliseconds(timeout_ms)));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("fallback"), py::arg("timeout_ms") = 0);
   // The group's devices (global ids by rank) when `backend` runs collectives
   // on the device; None for any other backend.
   m.def("device_backend_ids", [](c10::intrusive_ptr<c10d::Backend> backend, int device) -> py::object {

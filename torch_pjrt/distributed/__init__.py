@@ -87,7 +87,8 @@ def _create(store, rank, world_size, timeout):
     if _device_path(store, rank, world_size):
         # What has no program (gather, scatter, uneven all_to_all, CPU
         # tensors) still takes the host path.
-        backend = _state.C.device_backend(dist.PrefixStore("tpu_device/", store), rank, world_size, backend)
+        backend = _state.C.device_backend(dist.PrefixStore("tpu_device/", store), rank, world_size, backend,
+                                          int(timeout.total_seconds() * 1000))
     return backend
 
 
