@@ -144,6 +144,11 @@ const std::vector<int64_t>& DeviceBackend::ids(int device) {
   }
   ids_ = std::move(all);
   device_ = device;
+  std::set<int64_t> local;
+  for (const auto& g : runtime::Runtime::get().global_devices())
+    if (g.local >= 0) local.insert(g.id);
+  shared_client_ = size_ > 1;
+  for (int64_t id : ids_) shared_client_ = shared_client_ && local.count(id) > 0;
   return ids_;
 }
 
@@ -163,8 +168,10 @@ at::Tensor DeviceBackend::run(const CollectiveSpec& spec, const std::vector<int6
   Watch watch(timeout_, std::string(collective_name(spec.kind)) + " on rank " + std::to_string(rank_) + " (tpu:" +
                             std::to_string(device) + ", " + std::to_string(spec.numel) + " elements)");
   auto outs = rt.execute_replicated(*exe, {device}, {{in}});
-  watch.launched(rt.record_event(device));
+  auto launched = rt.record_event(device);
+  watch.launched(launched);
   device_collectives()++;
+  if (shared_client_) launched->wait();
   return flat_result(outs[0][0], spec, input);
 }
 

@@ -90,6 +90,11 @@ class DeviceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::chrono::milliseconds timeout_;
+  // Every rank's device belongs to this process (ranks as threads): their
+  // parts share the plugin's thread pool, so each collective completes
+  // before the next is launched (a rank running ahead could fill the pool
+  // with parts waiting for peers whose parts then never get a thread).
+  bool shared_client_ = false;
   int device_ = -1;
   std::vector<int64_t> ids_;
 };
