@@ -274,6 +274,36 @@ print("ok")
         assert op in proc.stderr, op
 
 
+def test_a_collective_inside_a_captured_step_falls_back_and_stays_right():
+    """capture_step cannot replay a step whose collective runs outside its
+    program: it says so (flush reason 'collective') and runs the step under
+    fused eager, with the right values."""
+    code = r"""
+import warnings
+import torch, torch_pjrt, torch.distributed as dist
+dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=1)
+w = torch.ones(4, device="tpu")
+@torch_pjrt.capture_step
+def step(x):
+    y = x * 2
+    dist.all_reduce(y)
+    w.add_(y)
+    return y.sum()
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    for i in range(6):
+        step(torch.full((4,), float(i), device="tpu"))
+msgs = [str(m.message) for m in seen if "capture_step" in str(m.message)]
+assert len(msgs) == 1 and "flush reason 'collective'" in msgs[0], msgs
+m = torch_pjrt.metrics()
+assert m["capture_replays"] == 0 and m["distributed_device_collectives"] == 6, m
+assert w.cpu().tolist() == [31.0] * 4, w
+print("ok")
+"""
+    proc = _run(code, TORCH_PJRT_DEVICE_COLLECTIVES="1")
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_bad_mode_is_a_value_error():
     code = r"""
 import torch, torch_pjrt, torch.distributed as dist

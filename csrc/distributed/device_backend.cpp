@@ -9,6 +9,7 @@
 #include "device/dtype_map.h"
 #include "device/storage.h"
 #include "eager/executor.h"
+#include "eager/fused.h"
 #include "distributed/watchdog.h"
 
 namespace torch_pjrt::distributed {
@@ -158,6 +159,9 @@ at::Tensor DeviceBackend::run(const CollectiveSpec& spec, const std::vector<int6
   runtime::BufferPtr in;
   {
     device::DeviceLock lock;
+    // Fused eager: the ops queued before the collective run first (a step
+    // capture then says a collective split the step).
+    eager::fused_flush("collective");
     in = eager::materialize(input);
   }
   runtime::ExecutablePtr exe = program(spec, devices);

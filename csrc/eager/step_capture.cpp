@@ -300,8 +300,8 @@ std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, cons
     // A value the step's Python read (or the host needed) during the step: a
     // replay would not produce it there.
     r->problem = "something needed a value during the step (flush reason '" + early->why +
-                 "': a host read such as .item() or print, a CPU fallback, or more ops than "
-                 "TORCH_PJRT_FUSED_MAX_OPS), so the step ran in " + std::to_string(flushed.size()) + " piece(s)";
+                 "': a host read such as .item() or print, a CPU fallback, a collective on the device, or more "
+                 "ops than TORCH_PJRT_FUSED_MAX_OPS), so the step ran in " + std::to_string(flushed.size()) + " piece(s)";
   } else {
     r->f = std::move(flushed[0]);
     resolve(*r, args, returned);
