@@ -1,6 +1,6 @@
 // Programs that run on several devices at once (collectives), and the
 // distributed client whose devices span processes.
-#include <map>
+#include <algorithm>
 #include <stdexcept>
 
 #include "runtime/pjrt_runtime.h"
@@ -87,14 +87,14 @@ std::vector<std::vector<BufferPtr>> Runtime::execute_replicated(const Executable
                                   " device(s) of this process, launched with " + std::to_string(devices.size()));
   std::vector<size_t> slot(n);  // slot[k]: index into `devices` of launched device k
   for (size_t k = 0; k < n; ++k) {
-    bool found = false;
-    for (size_t i = 0; i < n; ++i)
-      for (size_t a = 0; a < ad.num_addressable_devices; ++a)
-        if (devices_.at(devices[i]) == ad.addressable_devices[a] && (part || a == k)) {
-          slot[k] = i;
-          found = true;
-        }
-    if (!found) raise(ErrorKind::Runtime, "torch_pjrt: a replicated program's device is not among those launched");
+    PJRT_Device* want = part ? devices_.at(devices[0]) : ad.addressable_devices[k];
+    size_t i = 0;
+    while (i < n && devices_.at(devices[i]) != want) ++i;
+    bool ours = !part || std::find(ad.addressable_devices, ad.addressable_devices + ad.num_addressable_devices,
+                                   want) != ad.addressable_devices + ad.num_addressable_devices;
+    if (i == n || !ours)
+      raise(ErrorKind::Runtime, "torch_pjrt: a replicated program's device is not among those launched");
+    slot[k] = i;
   }
   for (size_t i = 0; i < n; ++i) ensure_fits(devices[i], exe.total_output_bytes(), "the collective");
   size_t num_args = args[0].size();

@@ -32,9 +32,9 @@ class _Val:
         self.root = root  # views: the value whose storage they view
 
 
-def _device_group_ids(group_name, meta):
+def _device_group_ids(group_name, device):
     """Global device ids of the group's ranks when its tpu backend runs
-    collectives on the device (None otherwise)."""
+    collectives on the device (None otherwise); `device`: this rank's tpu index."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         return None
@@ -43,7 +43,7 @@ def _device_group_ids(group_name, meta):
         backend = _resolve_process_group(group_name)._get_backend(torch.device("tpu"))
     except (RuntimeError, ValueError, KeyError):
         return None
-    return _state.C.device_backend_ids(backend, torch.tpu.current_device())
+    return _state.C.device_backend_ids(backend, device)
 
 
 class Lowered:
@@ -101,6 +101,7 @@ class _Walker:
         self.prog = self.C.GraphProgram()
         self.mutations = {}    # input index -> value id
         self.replica_ids = []  # set by the graph's collectives (one group per graph)
+        self.device = None     # the tpu index the graph runs on (collectives need it)
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -192,7 +193,7 @@ class _Walker:
         x, group_name = args[0], args[-1]
         if not isinstance(x, _Val):
             raise Unsupported(op, "a collective on a value the graph does not hold")
-        ids = _device_group_ids(group_name, x.meta)
+        ids = _device_group_ids(group_name, self.device)
         if ids is None:
             raise Unsupported(op, "its process group runs collectives through host copies, not on the device")
         if self.replica_ids and self.replica_ids != ids:
@@ -381,6 +382,7 @@ def lower_graph(gm, args, host_part=None):
     skip = {n for n in host_part.nodes if n.target is torch.ops.aten.copy_.default} if host_part else set()
     host_out = {n: i for i, n in enumerate(host_part.needed)} if host_part else {}
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    w.device = next((t.device.index or 0 for t in tensors if t.device.type == "tpu"), torch.tpu.current_device())
     cpu = [(k, _type(t)) for k, t in enumerate(tensors) if t.device.type == "cpu"]
     ids = dict(zip((k for k, _ in cpu), w.prog.cpu_inputs(cpu)))
     inputs = []
