@@ -34,27 +34,34 @@ from eager_training import per_op  # noqa: E402
 
 
 class Mode:
-    """cpu / strict (tpu) / fused (tpu) as a context."""
+    """cpu / strict (tpu) / fused (tpu) as a context. "fused-whole" is fused
+    eager with pipelined flushes off (each trace runs whole when a value is
+    needed), for comparison in the same run."""
 
     def __init__(self, name):
         self.name = name
         self.device = "cpu" if name == "cpu" else "tpu"
 
     def __enter__(self):
-        if self.name == "fused":
+        if self.name.startswith("fused"):
+            torch_pjrt._state.C.set_fused_pipeline(self.name == "fused")
             torch_pjrt._state.C.fused_enter()
 
     def __exit__(self, *exc):
-        if self.name == "fused":
+        if self.name.startswith("fused"):
             torch_pjrt._state.C.fused_leave()
+            torch_pjrt._state.C.set_fused_pipeline(True)
 
 
-MODES = ("cpu", "strict", "fused")
+MODES = ("cpu", "strict", "fused-whole", "fused")
 # Generation also with each token's step replayed (torch_pjrt.capture_step).
-GEN_MODES = MODES + ("captured",)
+GEN_MODES = ("cpu", "strict", "fused", "captured")
 
 
-def train_times(kind, mode, steps):
+def train_times(kind, mode, steps, memory=False):
+    """Step times (each step ends with loss.item(), as training loops do);
+    with `memory`, also a synchronize and the device memory after each step
+    (which keeps a step's work from overlapping the next: not timed then)."""
     times, last = [], [time.perf_counter()]
     on_tpu = mode != "cpu"
     peaks, base = [], [0]  # device memory a step adds at its peak over what it started with
@@ -64,7 +71,7 @@ def train_times(kind, mode, steps):
         now = time.perf_counter()
         times.append(now - last[0])
         last[0] = now
-        if on_tpu:
+        if on_tpu and memory:
             torch.tpu.synchronize()
             peaks.append(torch.tpu.max_memory_allocated() - base[0])
             base[0] = torch.tpu.memory_allocated()
@@ -79,7 +86,7 @@ def train_times(kind, mode, steps):
         models.train(kind, Mode(mode).device, steps, on_step=on_step)
     m1 = torch_pjrt.metrics()
     return {"first": times[0], "warm": statistics.median(times[5:]),
-            "step_peak": statistics.median(peaks[5:]) if on_tpu else 0,
+            "step_peak": statistics.median(peaks[5:]) if on_tpu and memory else 0,
             "donated": m1["fused_donated_bytes"] - m0["fused_donated_bytes"],
             "compiles": m1["xla_compiles"] - m0["xla_compiles"],
             "fused_compiles": m1["fused_programs_compiled"] - m0["fused_programs_compiled"],
@@ -162,19 +169,24 @@ def main():
             for mode in MODES:
                 runs[mode].append(train_times(kind, mode, args.steps))
         r = {mode: dict(runs[mode][0], warm=statistics.median(x["warm"] for x in runs[mode])) for mode in MODES}
-        c, s, f = r["cpu"]["warm"], r["strict"]["warm"], r["fused"]["warm"]
-        rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x", f"{c / f:.2f}x",
-                     f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
-                     r["fused"]["fused_compiles"], f"{r['fused']['ops'] / max(r['fused']['flushes'], 1):.0f}"])
-        mem.append([kind, f"{sum(q.numel() * q.element_size() for q in models.build(kind)[0].parameters()) / 2**10:.0f}", f"{r['strict']['step_peak'] / 2**10:.0f}",
-                    f"{r['fused']['step_peak'] / 2**10:.0f}",
-                    f"{r['fused']['donated'] / max(args.steps - 2, 1) / 2**10:.0f}"])
-    table(["model", "cpu step (ms)", "strict step (ms)", "fused step (ms)", "fused vs strict", "fused vs cpu",
-           "strict 1st (ms)", "fused 1st (ms)", "fused programs", "ops/flush"], rows, args.markdown)
-    print("Device memory a warm training step adds at its peak (median of steps 6..N) over what it started with; "
-          "fused donates the parameters and optimizer state it overwrites:")
-    table(["model", "parameters (KiB)", "strict step peak (KiB)", "fused step peak (KiB)",
-           "fused donated per step (KiB)"], mem, args.markdown)
+        c, s, w, f = (r[m]["warm"] for m in MODES)
+        rows.append([kind, f"{c * 1e3:.2f}", f"{s * 1e3:.2f}", f"{w * 1e3:.2f}", f"{f * 1e3:.2f}", f"{s / f:.2f}x",
+                     f"{c / f:.2f}x", f"{r['strict']['first'] * 1e3:.0f}", f"{r['fused']['first'] * 1e3:.0f}",
+                     r["fused"]["fused_compiles"],
+                     f"{r['fused']['ops'] / max(r['fused']['flushes'], 1):.0f}"])
+        peak = {mode: train_times(kind, mode, args.steps, memory=True) for mode in ("strict", "fused-whole", "fused")}
+        params = sum(q.numel() * q.element_size() for q in models.build(kind)[0].parameters())
+        mem.append([kind, f"{params / 2**10:.0f}"] +
+                   [f"{peak[m]['step_peak'] / 2**10:.0f}" for m in ("strict", "fused-whole", "fused")] +
+                   [f"{peak['fused']['donated'] / max(args.steps - 2, 1) / 2**10:.0f}"])
+    table(["model", "cpu step (ms)", "strict step (ms)", "fused, whole trace (ms)", "fused, pipelined (ms)",
+           "fused vs strict", "fused vs cpu", "strict 1st (ms)", "fused 1st (ms)", "fused programs",
+           "ops/flush"], rows, args.markdown)
+    print("Device memory a warm training step adds at its peak (median of steps 6..N, a synchronize after each "
+          "step) over what it started with; fused donates the parameters and optimizer state it overwrites, "
+          "and a pipelined step keeps what crosses its cut (saved activations) as buffers:")
+    table(["model", "parameters (KiB)", "strict step peak (KiB)", "fused whole-trace peak (KiB)",
+           "fused pipelined peak (KiB)", "fused donated per step (KiB)"], mem, args.markdown)
 
     rows = []
     ref = None
@@ -214,6 +226,7 @@ def main():
            "ops per flush": round((m1["fused_ops_recorded"] - m0["fused_ops_recorded"]) /
                                   max(1, m1["fused_flushes"] - m0["fused_flushes"]), 1),
            "fused programs compiled": m1["fused_programs_compiled"] - m0["fused_programs_compiled"],
+           "pipeline cuts learned": m1["fused_pipeline_cuts_learned"] - m0["fused_pipeline_cuts_learned"],
            "fused cache hits": m1["fused_cache_hits"] - m0["fused_cache_hits"],
            "op-by-op runs": m1["fused_op_by_op_runs"] - m0["fused_op_by_op_runs"]})
     print()

@@ -20,10 +20,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <set>
 #include <unordered_map>
+#include <utility>
 
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
@@ -81,6 +83,63 @@ size_t max_ops() {
   return n;
 }
 
+// Pipelined flushes (TORCH_PJRT_FUSED_PIPELINE, on by default): a trace that
+// repeats and is flushed because one of its values is needed now (a host
+// read, a CPU fallback), where that value is computed well before the trace's
+// end, is cut after the op that computes it from its next sighting on. The
+// first part runs as soon as it is recorded, so the value is ready (or nearly)
+// when it is needed, and the rest runs on the device after it, without the
+// host waiting: a training step whose loss is read after the optimizer step
+// finds the loss computed by the forward part, and backward and optimizer run
+// while the next step records. A cut is found by the trace's hash where it
+// falls; the part after a cut is flushed (not waited for) at the next host
+// read, where the whole trace would have been (a trace begun at a cut is never
+// learned from).
+std::atomic<int> g_pipeline{-1};  // -1: not read from the environment yet
+bool pipeline_on() {
+  int on = g_pipeline.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = env_choice("TORCH_PJRT_FUSED_PIPELINE", "1", {"0", "1"}) == "1";
+    g_pipeline.store(on);
+  }
+  return on == 1;
+}
+constexpr size_t kMinCutOps = 16;  // each part: below this the extra launch is not worth it
+
+// Learned cuts: by position, the trace's hashes there.
+std::vector<std::vector<uint64_t>> g_cuts;
+
+bool cut_here(const Trace& t) {
+  size_t k = t.ops.size();
+  if (k >= g_cuts.size() || t.after_split || capturing() || !pipeline_on()) return false;
+  const auto& hashes = g_cuts[k];
+  return std::find(hashes.begin(), hashes.end(), t.hash) != hashes.end();
+}
+
+// Learns a cut from a trace seen before that was flushed for `wanted`, a
+// value its op `producer` computes; true when it did.
+bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
+  if (!pipeline_on() || wanted < 0 || t.after_split || e.split_learned || capturing()) return false;
+  // The op that computes `wanted` (ops are in value order).
+  auto it = std::upper_bound(t.ops.begin(), t.ops.end(), wanted,
+                             [](int32_t v, const TraceOp& op) { return v < op.first_value; });
+  size_t k = static_cast<size_t>(it - t.ops.begin());  // the cut: after that op
+  if (k < kMinCutOps || t.ops.size() < k + kMinCutOps) return false;
+  if (g_cuts.size() <= k) g_cuts.resize(k + 1);
+  g_cuts[k].push_back(t.op_hash[k]);
+  e.split_learned = true;
+  g_stats.pipeline_cuts_learned++;
+  return true;
+}
+
+// After each recorded op: the trace is flushed at a learned cut.
+void after_op() {
+  if (cut_here(g_trace)) {
+    fused_flush("pipeline");
+    g_trace.after_split = true;
+  }
+}
+
 int64_t max_entries() {
   static int64_t n = env_int("TORCH_PJRT_FUSED_CACHE_ENTRIES", 1024);
   return n;
@@ -93,6 +152,7 @@ std::shared_ptr<Entry> find_or_add(const Trace& t) {
   if (g_entry_count >= max_entries()) {  // simple bound: start again
     g_entries.clear();
     g_entry_count = 0;
+    g_cuts.clear();
   }
   auto e = std::make_shared<Entry>();
   e->structure = t.structure;
@@ -317,6 +377,7 @@ TraceOp begin_op(const std::shared_ptr<Plan>& plan, int device) {
   if (g_trace.ops.size() >= max_ops()) fused_flush("size_bound");
   Trace& t = g_trace;
   t.device = device;
+  t.op_hash.push_back(t.hash);
   t.mix(static_cast<int64_t>(plan->serial));
   return TraceOp{plan, static_cast<int32_t>(t.codes.size()), t.next_value, static_cast<int32_t>(t.fpack.size()),
                  static_cast<int32_t>(t.ipack.size()), record_lines() ? current_python_line() : PythonLine{}};
@@ -422,6 +483,7 @@ void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const s
   end_op(t, op);
   g_stats.ops_recorded++;
   g_stats.programs_recorded++;
+  after_op();
 }
 
 bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::ArrayRef<c10::IValue> args,
@@ -479,6 +541,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
     if (sb.nbytes > 0) owe(t, op, &sb, rp.output, capturing() ? r.storage() : c10::Storage());
     return r;
   });
+  after_op();
   return true;
 }
 
@@ -491,7 +554,31 @@ void fused_forget(StorageBuffer* sb) {
   sb->pending_slot = -1;
 }
 
+namespace {
+thread_local int32_t t_wanted = -1;  // the value a flush runs for (fused_flush_for)
+}  // namespace
+
+// The part after a cut is launched at the read, after the checks of what
+// came before it are reported (this read raises for those, as strict eager's
+// would); its own checks are reported at the next read or synchronize, so
+// this read does not wait for it.
+void fused_at_host_read() {
+  device::DeviceLock lock;
+  if (!g_trace.after_split) return;
+  int device = g_trace.device;
+  rt().report_checks(device);
+  bool checks = g_trace.checks;
+  fused_flush("pipeline");
+  if (checks) rt().defer_checks(device);
+}
+
+void fused_flush_for(int32_t value) {
+  t_wanted = value;
+  fused_flush(nullptr);
+}
+
 void fused_flush(const char* reason) {
+  int32_t wanted = std::exchange(t_wanted, -1);
   device::DeviceLock lock;
   if (g_trace.ops.empty()) return;
   Trace t = std::move(g_trace);
@@ -548,7 +635,10 @@ void fused_flush(const char* reason) {
   };
 
   std::shared_ptr<Entry> e = find_or_add(t);
-  if (!e->exe && !e->failed && e->seen >= 1) {
+  // Seen before: it will be cut from now on, so its whole program would not
+  // be used (compiled all the same if the cut is never reached).
+  bool cut = !e->failed && e->seen >= 1 && learn_cut(t, *e, wanted);
+  if (!e->exe && !e->failed && e->seen >= 1 && !cut) {
     // Seen before: this trace repeats, so its fused program pays off.
     auto start = std::chrono::steady_clock::now();
     try {
@@ -588,6 +678,12 @@ void fused_flush(const char* reason) {
   std::vector<runtime::BufferPtr> results;
   for (int32_t v : outputs) results.push_back(values[v]);
   assign(results);
+}
+
+bool set_fused_pipeline(bool on) {
+  bool was = pipeline_on();
+  g_pipeline.store(on ? 1 : 0);
+  return was;
 }
 
 FusedStats fused_stats() {

@@ -50,10 +50,18 @@ void fused_record_program(const std::shared_ptr<Plan>& plan, int device, const s
 // Runs the pending trace now (nothing when there is none); `reason` is
 // counted in metrics (fused_flushes_by_reason).
 void fused_flush(const char* reason);
+// A host read: the part of a trace after a pipelined cut runs now (its
+// values are not waited for).
+void fused_at_host_read();
+// Runs the pending trace because its value `value` is needed now.
+void fused_flush_for(int32_t value);
 // A storage whose value a pending trace still owes: runs the trace.
 inline void settle(device::StorageBuffer& sb) {
-  if (sb.pending >= 0) fused_flush(nullptr);
+  if (sb.pending >= 0) fused_flush_for(sb.pending);
 }
+// Pipelined flushes (TORCH_PJRT_FUSED_PIPELINE; see fused.cpp) on or off
+// for what is recorded from now on; returns the previous setting.
+bool set_fused_pipeline(bool on);
 // A storage dies while the trace owes its value: the value never leaves.
 void fused_forget(device::StorageBuffer* sb);
 
@@ -76,6 +84,7 @@ struct FusedStats {
   // the new value), and those kept because something else still held them.
   int64_t donated_buffers = 0, not_donated_buffers = 0, donated_bytes = 0;
   int64_t programs_recorded = 0;  // compiled graphs recorded as one step of a trace
+  int64_t pipeline_cuts_learned = 0;  // traces cut in two from their next sighting (pipelined flushes)
   double compile_seconds = 0;
   std::map<std::string, int64_t> flushes_by_reason;
 };

@@ -169,6 +169,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["fused_flushes_by_reason"] = reasons;
     d["fused_ops_per_flush"] = fs.flushes ? static_cast<double>(fs.ops_recorded) / fs.flushes : 0.0;
     d["fused_max_ops_per_flush"] = fs.max_ops_per_flush;
+    d["fused_pipeline_cuts_learned"] = fs.pipeline_cuts_learned;
     d["fused_programs_compiled"] = fs.programs_compiled;
     d["fused_compile_seconds"] = fs.compile_seconds;
     d["fused_cache_hits"] = fs.cache_hits;
@@ -189,6 +190,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("fused_enter", &eager::fused_enter);
+  m.def("set_fused_pipeline", &eager::set_fused_pipeline);
   m.def("fused_leave", [] {
     py::gil_scoped_release release;
     eager::fused_leave();

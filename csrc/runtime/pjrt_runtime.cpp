@@ -292,6 +292,7 @@ void Runtime::create_client(KeyValueStore* kv, int node_id, int num_nodes) {
   check_words_.clear();
   check_words_.resize(n);
   check_dirty_.assign(n, false);
+  check_deferred_.assign(n, false);
   max_inflight_ = configured_max_inflight();
   limits_.reset(new std::atomic<int64_t>[n]);
   totals_.assign(n, 0);
@@ -379,7 +380,7 @@ void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
   metrics().host_waits++;
   await_and_destroy(args.event, "device-to-host transfer");
   metrics().device_to_host_bytes += nbytes;
-  report_checks(buffer.device_index());
+  report_checks(buffer.device_index(), false, /*reading=*/true);
 }
 
 BufferPtr Runtime::copy_to_device(const Buffer& buffer, int device, size_t nbytes) {

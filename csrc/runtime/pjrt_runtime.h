@@ -259,7 +259,13 @@ class Runtime {
   void set_check_word(int device, BufferPtr word);
   // Raises the first failed check on `device` (-1: all), once, and resets
   // the word. `at_op`: right after the op (debug mode), not at a later read.
-  void report_checks(int device, bool at_op = false);
+  // `reading`: for a host read, which skips a word deferred by defer_checks.
+  void report_checks(int device, bool at_op = false, bool reading = false);
+  // The current word's checks are not waited for by the next host read (they
+  // are reported at the read after it, or at synchronize): the word of work
+  // launched at a read whose value does not depend on it (fused eager's
+  // pipelined flushes).
+  void defer_checks(int device);
 
   // Turns a PJRT error into std::runtime_error carrying the plugin's message.
   void check(PJRT_Error* error, const char* what) const;
@@ -344,6 +350,7 @@ class Runtime {
   std::vector<int64_t> totals_;  // per device, 0: unknown
   std::mutex check_mutex_;
   std::vector<BufferPtr> check_words_;  // per device; null: never checked
+  std::vector<bool> check_deferred_;    // defer_checks: the next host read skips the word
   std::vector<bool> check_dirty_;       // a checked program ran since the last report
   std::vector<std::pair<ErrorKind, std::string>> checks_;  // code - 1 -> error
 };

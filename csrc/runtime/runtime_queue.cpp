@@ -302,13 +302,21 @@ void Runtime::set_check_word(int device, BufferPtr word) {
   check_dirty_[device] = true;
 }
 
-void Runtime::report_checks(int device, bool at_op) {
+void Runtime::defer_checks(int device) {
+  std::lock_guard<std::mutex> lock(check_mutex_);
+  check_deferred_[device] = check_dirty_[device];
+}
+
+void Runtime::report_checks(int device, bool at_op, bool reading) {
   for (size_t d = 0; d < check_words_.size(); ++d) {
     if (device >= 0 && static_cast<int>(d) != device) continue;
     BufferPtr word;
     {
       std::lock_guard<std::mutex> lock(check_mutex_);
       if (!check_dirty_[d]) continue;
+      bool deferred = check_deferred_[d];
+      check_deferred_[d] = false;
+      if (reading && deferred) continue;
       word = check_words_[d];
       check_dirty_[d] = false;
     }
