@@ -4,6 +4,7 @@ scripts/gen_hf_doc.py writes their figures into docs/huggingface.md).
 
 Every model is built from a small config with dropout off, so CPU and tpu run
 the same function from the same weights."""
+import contextlib
 import copy
 import dataclasses
 from typing import Callable
@@ -189,6 +190,38 @@ def check_train_step(fam, lr=0.1):
     figures["loss_after_step_rel_err"] = _max_rel(a1, a0)
     figures["fallbacks"] = _new_fallbacks(before)
     return figures
+
+
+def check_fused_training(fam, steps=6):
+    """AdamW steps (clip, loss.item() after each step) on CPU and in fused
+    eager on tpu from the same weights: the worst relative loss error, the
+    pipelined cuts learned and flushes at them."""
+    import torch_pjrt
+
+    cpu_model = fam.build().train()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    inputs = fam.inputs()
+    before, m0 = _fallbacks(), torch_pjrt.metrics()
+    losses = []
+    for model, device in ((cpu_model, "cpu"), (tpu_model, "tpu")):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        batch = _to(inputs, device)
+        out = []
+        with torch_pjrt.fused() if device == "tpu" else contextlib.nullcontext():
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                loss = fam.loss(model(**batch), batch)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                out.append(loss.item())
+        losses.append(out)
+    m1 = torch_pjrt.metrics()
+    return {"loss_rel_err": max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(*losses)),
+            "cuts": m1["fused_pipeline_cuts_learned"] - m0["fused_pipeline_cuts_learned"],
+            "pipeline_flushes": m1["fused_flushes_by_reason"].get("pipeline", 0)
+            - m0["fused_flushes_by_reason"].get("pipeline", 0),
+            "fallbacks": _new_fallbacks(before)}
 
 
 def check_generate(fam, new_tokens=8):

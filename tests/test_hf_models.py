@@ -42,3 +42,14 @@ def test_greedy_generate_equals_cpu(name):
     r = hf.check_generate(hf.FAMILIES[name])
     assert r["fallbacks"] == []
     assert r["equal"], r
+
+
+@pytest.mark.parametrize("name", ["Llama", "T5", "ResNet"])
+def test_fused_pipelined_training_matches_cpu(name):
+    """Eight AdamW steps in fused eager, the loss read after each optimizer step:
+    from the 3rd step each step is cut after its loss (pipelined flushes) and
+    the losses stay CPU's."""
+    r = hf.check_fused_training(hf.FAMILIES[name], steps=8)
+    assert r["fallbacks"] == []
+    assert r["cuts"] >= 1 and r["pipeline_flushes"] >= 6, r
+    assert r["loss_rel_err"] <= hf.LOSS_RTOL, r
