@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -111,15 +110,15 @@ std::vector<std::vector<uint64_t>> g_cuts;
 
 bool cut_here(const Trace& t) {
   size_t k = t.ops.size();
-  if (k >= g_cuts.size() || t.after_split || capturing() || !pipeline_on()) return false;
+  if (k >= g_cuts.size() || t.after_cut || capturing() || !pipeline_on()) return false;
   const auto& hashes = g_cuts[k];
   return std::find(hashes.begin(), hashes.end(), t.hash) != hashes.end();
 }
 
-// Learns a cut from a trace seen before that was flushed for `wanted`, a
-// value its op `producer` computes; true when it did.
+// Learns a cut from a trace seen before that was flushed because its value
+// `wanted` was needed; true when it did.
 bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
-  if (!pipeline_on() || wanted < 0 || t.after_split || e.split_learned || capturing()) return false;
+  if (!pipeline_on() || wanted < 0 || t.after_cut || e.cut_learned || capturing()) return false;
   // The op that computes `wanted` (ops are in value order).
   auto it = std::upper_bound(t.ops.begin(), t.ops.end(), wanted,
                              [](int32_t v, const TraceOp& op) { return v < op.first_value; });
@@ -127,7 +126,7 @@ bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
   if (k < kMinCutOps || t.ops.size() < k + kMinCutOps) return false;
   if (g_cuts.size() <= k) g_cuts.resize(k + 1);
   g_cuts[k].push_back(t.op_hash[k]);
-  e.split_learned = true;
+  e.cut_learned = true;
   g_stats.pipeline_cuts_learned++;
   return true;
 }
@@ -136,7 +135,7 @@ bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
 void after_op() {
   if (cut_here(g_trace)) {
     fused_flush("pipeline");
-    g_trace.after_split = true;
+    g_trace.after_cut = true;
   }
 }
 
@@ -564,7 +563,7 @@ thread_local int32_t t_wanted = -1;  // the value a flush runs for (fused_flush_
 // this read does not wait for it.
 void fused_at_host_read() {
   device::DeviceLock lock;
-  if (!g_trace.after_split) return;
+  if (!g_trace.after_cut) return;
   int device = g_trace.device;
   rt().report_checks(device);
   bool checks = g_trace.checks;

@@ -57,7 +57,7 @@ struct Trace {
   // whether this trace began at such a cut (flushed at the next host read,
   // never learned from).
   std::vector<uint64_t> op_hash;
-  bool after_split = false;
+  bool after_cut = false;
   void mix(int64_t v) {
     structure.push_back(v);
     hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
@@ -77,7 +77,7 @@ struct Entry {
   std::vector<std::pair<int32_t, int32_t>> aliases;  // (external, output) donated when safe
   int seen = 0;
   bool failed = false;  // the fused program did not compile: op by op
-  bool split_learned = false;  // a pipeline split point was taken from it
+  bool cut_learned = false;  // a pipelined cut was learned from it
 };
 
 // Runs `t` as the entry's fused program; the first n_outputs results are the
