@@ -118,6 +118,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     {
       DeviceLock lock;
       values = eager::materialize(src);
+      eager::fused_at_host_read();  // a pipelined trace's rest runs now, not waited for
     }
     rt.buffer_to_host(*values, host.data_ptr(), host.nbytes());
     // The raw values carry src's lazy conj/neg bits; CPU's copy_ resolves them.
@@ -231,6 +232,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   {
     DeviceLock lock;
     values = eager::materialize(self);
+    eager::fused_at_host_read();
   }
   runtime::Runtime::get().buffer_to_host(*values, host.data_ptr(), host.nbytes());
   return host.item();

@@ -411,7 +411,6 @@ runtime::BufferPtr materialize(const at::Tensor& t) {
   StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
   const auto& buffer = device::ensure_buffer(sb, dt);
-  fused_at_host_read();
   StridedView view = view_of(t);
   if (sb.dtype == dt && view.covers_whole(sb.numel())) return buffer;
   std::string key = view_key("$read|", t, sb, dt);
