@@ -444,16 +444,19 @@ def test_pipeline_off_keeps_one_trace_per_step():
     import models
 
     C = torch_pjrt._state.C
-    was = C.set_fused_pipeline(False)
+    was = C.set_fused_pipeline(True)
     try:
         m0 = torch_pjrt.metrics()
-        with torch_pjrt.fused():
+        with torch_pjrt.fused(pipeline=False):
             models.train("gpt", "tpu", 6, on_step=lambda s, l: l.item())
         m1 = torch_pjrt.metrics()
+        assert C.set_fused_pipeline(True) is True  # the region restored the setting
     finally:
         C.set_fused_pipeline(was)
     r = reasons(m0, m1)
     assert "pipeline" not in r and r.get("host_read", 0) >= 6, r
+    with pytest.raises(TypeError, match="pipeline must be a bool"):
+        torch_pjrt.fused(pipeline="no")
 
 
 def _cut_step(base, state, idx):

@@ -153,14 +153,32 @@ class fused:
     ``synchronize``, a CPU fallback, a size bound) and when the region ends.
     Semantics are those of strict eager. The setting is process-wide while a
     region is open (autograd's backward runs on its own thread), and
-    ``TORCH_PJRT_EAGER=fused`` turns it on everywhere. Also a decorator."""
+    ``TORCH_PJRT_EAGER=fused`` turns it on everywhere. Also a decorator.
+
+    ``pipeline``: pipelined flushes (a repeating trace cut after the value a
+    read needs, the rest run without the read waiting; default from
+    ``TORCH_PJRT_FUSED_PIPELINE``, on) switched on or off while the region is
+    open (process-wide, like the region)."""
+
+    def __init__(self, pipeline=None):
+        if pipeline is not None and not isinstance(pipeline, bool):
+            raise TypeError(f"torch_pjrt.fused: pipeline must be a bool or None, got {type(pipeline).__name__}")
+        self._pipeline = pipeline
+        self._was = None
 
     def __enter__(self):
+        if self._pipeline is not None:
+            self._was = _state.C.set_fused_pipeline(self._pipeline)
         _state.C.fused_enter()
         return self
 
     def __exit__(self, *exc):
-        _state.C.fused_leave()
+        try:
+            _state.C.fused_leave()
+        finally:
+            if self._was is not None:
+                _state.C.set_fused_pipeline(self._was)
+                self._was = None
         return False
 
     def __call__(self, fn):
@@ -168,7 +186,7 @@ class fused:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with fused():
+            with fused(self._pipeline):
                 return fn(*args, **kwargs)
 
         return wrapper
