@@ -41,16 +41,15 @@ class Mode:
     def __init__(self, name):
         self.name = name
         self.device = "cpu" if name == "cpu" else "tpu"
+        self.region = torch_pjrt.fused(pipeline=name == "fused") if name.startswith("fused") else None
 
     def __enter__(self):
-        if self.name.startswith("fused"):
-            torch_pjrt._state.C.set_fused_pipeline(self.name == "fused")
-            torch_pjrt._state.C.fused_enter()
+        if self.region:
+            self.region.__enter__()
 
     def __exit__(self, *exc):
-        if self.name.startswith("fused"):
-            torch_pjrt._state.C.fused_leave()
-            torch_pjrt._state.C.set_fused_pipeline(True)
+        if self.region:
+            self.region.__exit__(*exc)
 
 
 MODES = ("cpu", "strict", "fused-whole", "fused")

@@ -408,7 +408,6 @@ def test_pipelined_training_step_matches_cpu_and_reads_wait_for_nothing():
     import models
 
     cpu = models.train("gpt", "cpu", 8)
-    C = torch_pjrt._state.C
     per_step = []
     prev = [None]
 
@@ -419,17 +418,12 @@ def test_pipelined_training_step_matches_cpu_and_reads_wait_for_nothing():
             per_step.append(reasons(prev[0], m))
         prev[0] = m
 
-    was = C.set_fused_pipeline(True)
-    try:
-        m0 = torch_pjrt.metrics()
-        with torch_pjrt.fused():
-            piped = models.train("gpt", "tpu", 8, on_step=on_step)
-        m1 = torch_pjrt.metrics()
-        C.set_fused_pipeline(False)
-        with torch_pjrt.fused():
-            whole = models.train("gpt", "tpu", 8)
-    finally:
-        C.set_fused_pipeline(was)
+    m0 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=True):
+        piped = models.train("gpt", "tpu", 8, on_step=on_step)
+    m1 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=False):
+        whole = models.train("gpt", "tpu", 8)
     torch.testing.assert_close(torch.tensor(piped), torch.tensor(cpu), rtol=1e-5, atol=1e-5)
     # (not bit for bit: XLA fuses the two parts apart, as strict eager's ops are)
     torch.testing.assert_close(torch.tensor(piped), torch.tensor(whole), rtol=1e-6, atol=1e-6)
@@ -479,25 +473,20 @@ def test_pipelined_cut_values_and_a_bad_index_after_the_cut_raises_at_the_next_r
     good = torch.arange(8).flip(0)
     base, state = tpu(base_c), tpu(state_c)
     idx = tpu(good)
-    C = torch_pjrt._state.C
-    was = C.set_fused_pipeline(True)
-    try:
-        m0 = torch_pjrt.metrics()
-        with torch_pjrt.fused():
-            for _ in range(5):
-                got = _cut_step(base, state, idx)
-                want = _cut_step(base_c, state_c, good)
-                assert got == pytest.approx(want, rel=1e-6)
-                assert_same(state, state_c)
-            m1 = torch_pjrt.metrics()
-            assert delta(m0, m1, "fused_pipeline_cuts_learned") >= 1
-            assert reasons(m0, m1).get("pipeline", 0) >= 4
-            # A bad index after the cut: this read returns v (which does not
-            # depend on it); the next read raises, naming the op.
-            bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
-            got = _cut_step(base, state, bad)
-            assert got == pytest.approx(_cut_step(base_c, state_c.clone(), good), rel=1e-6)
-            with pytest.raises(IndexError, match="index_select"):
-                state.sum().item()
-    finally:
-        C.set_fused_pipeline(was)
+    m0 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(5):
+            got = _cut_step(base, state, idx)
+            want = _cut_step(base_c, state_c, good)
+            assert got == pytest.approx(want, rel=1e-6)
+            assert_same(state, state_c)
+        m1 = torch_pjrt.metrics()
+        assert delta(m0, m1, "fused_pipeline_cuts_learned") >= 1
+        assert reasons(m0, m1).get("pipeline", 0) >= 4
+        # A bad index after the cut: this read returns v (which does not
+        # depend on it); the next read raises, naming the op.
+        bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
+        got = _cut_step(base, state, bad)
+        assert got == pytest.approx(_cut_step(base_c, state_c.clone(), good), rel=1e-6)
+        with pytest.raises(IndexError, match="index_select"):
+            state.sum().item()

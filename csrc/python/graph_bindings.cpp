@@ -4,8 +4,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <map>
-
 #include "device/dtype_map.h"
 #include "distributed/collective_programs.h"
 #include "eager/plan.h"
