@@ -8,9 +8,11 @@ compiled; also with each token's step replayed by torch_pjrt.capture_step,
 "captured"), and in fresh processes with no persistent cache the programs
 compiled and compile seconds after 10, 25, 50 and 100 tokens, for the
 doubling cache and for a cache that concatenates per token. Then strict
-eager's per-op launch cost against a PyTorch CPU kernel call.
+eager's per-op launch cost against a PyTorch CPU kernel call, for a few kinds
+of op, and the runtime's execute call alone for the same add program (the
+floor under any launched op).
 
-    python benchmarks/fused_eager.py [--steps N] [--tokens N] [--markdown]
+    python benchmarks/fused_eager.py [--steps N] [--tokens N] [--markdown] [--launch-only]
 """
 import argparse
 import json
@@ -30,7 +32,6 @@ import models  # noqa: E402
 import tiny_llama  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from eager_training import per_op  # noqa: E402
 
 
 class Mode:
@@ -153,11 +154,15 @@ def main():
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--skip-growth", action="store_true", help="no fresh-process compile counts")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
+    parser.add_argument("--launch-only", action="store_true", help="only the per-op launch table")
     args = parser.parse_args()
     info = torch_pjrt.plugin_info()
     print(f"plugin '{info['name']}' ({info['platform']}), torch {torch.__version__}, {os.cpu_count()} CPU cores; "
           f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens; "
           f"{args.repeats} alternating runs per mode, median of their medians\n")
+    if args.launch_only:
+        launch_table(args.repeats, args.markdown)
+        return
 
     rows, mem = [], []
     for kind in ("mlp", "cnn", "gpt"):
@@ -229,11 +234,61 @@ def main():
            "fused cache hits": m1["fused_cache_hits"] - m0["fused_cache_hits"],
            "op-by-op runs": m1["fused_op_by_op_runs"] - m0["fused_op_by_op_runs"]})
     print()
-    launched_c, _ = per_op("cpu")
-    launched_t, waited_t = per_op("tpu")
-    table(["device", "per-op launch (us)", "ratio to cpu"],
-          [["cpu", f"{launched_c * 1e6:.2f}", "1.00x"], ["tpu strict", f"{launched_t * 1e6:.2f}",
-                                                       f"{launched_t / launched_c:.2f}x"]], args.markdown)
+    launch_table(args.repeats, args.markdown)
+
+
+ADD_PROGRAM = """module @floor {
+  func.func public @main(%a: tensor<16xf32>, %b: tensor<16xf32>) -> (tensor<16xf32>) {
+    %s = "stablehlo.add"(%a, %b) : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+    "func.return"(%s) : (tensor<16xf32>) -> ()
+  }
+}
+"""
+
+
+def per_call(fn, device, n=2000):
+    """Seconds per call of fn() launched n times in a loop, then one wait."""
+    for _ in range(50):
+        fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / n
+
+
+def sync(device):
+    if device != "cpu":
+        torch.tpu.synchronize()
+
+
+def launch_table(repeats, markdown):
+    """Strict eager's per-op launch against a PyTorch CPU kernel call on 16
+    floats, per kind of op (alternating devices, median of 5 x repeats), and
+    the runtime's execute call alone for the same add program: the floor under
+    a launched op that no dispatch work of ours can go below."""
+    def ops(device):
+        x, y = torch.ones(16, device=device), torch.ones(16, device=device)
+        base = torch.ones(64, device=device)
+        return {"add(x, y)": lambda: torch.add(x, y), "x + 2.5 (Python scalar)": lambda: x + 2.5,
+                "relu(x)": lambda: torch.relu(x), "base[8:24] * 2 (view at an offset)": lambda: base[8:24] * 2}
+    cpu_ops, tpu_ops = ops("cpu"), ops("tpu")
+    samples = {name: ([], []) for name in cpu_ops}
+    floor = []
+    xt, yt = torch.ones(16, device="tpu"), torch.ones(16, device="tpu")
+    for _ in range(5 * repeats):
+        for name in cpu_ops:
+            samples[name][0].append(per_call(cpu_ops[name], "cpu"))
+            samples[name][1].append(per_call(tpu_ops[name], "tpu"))
+        floor.append(torch_pjrt._state.C.execute_floor(ADD_PROGRAM, [xt, yt], 2000))
+    rows = []
+    for name, (c, t) in samples.items():
+        c, t = statistics.median(c), statistics.median(t)
+        rows.append([name, f"{c * 1e6:.2f}", f"{t * 1e6:.2f}", f"{t / c:.2f}x"])
+    c_add, f = statistics.median(samples["add(x, y)"][0]), statistics.median(floor)
+    rows.append(["add program, runtime execute call alone", "", f"{f * 1e6:.2f}", f"{f / c_add:.2f}x"])
+    table(["op on 16 floats", "cpu (us)", "tpu strict (us)", "ratio to cpu"], rows, markdown)
 
 
 if __name__ == "__main__":

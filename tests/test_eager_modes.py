@@ -136,3 +136,20 @@ def test_training_loop_builds_no_program_after_the_first_steps():
     modes = torch_pjrt._state.C.float_modes()
     for op in ("aten::_foreach_div_.ScalarList", "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_mul_.Scalar"):
         assert modes.get(op, "runtime") == "runtime", (op, modes.get(op))
+
+
+def test_execute_floor_times_a_program_and_rejects_views():
+    # The launch-floor probe of benchmarks/fused_eager.py: a positive time per
+    # call for a valid program; a view argument is refused with ValueError.
+    import torch_pjrt
+    text = """module @floor {
+  func.func public @main(%a: tensor<4xf32>) -> (tensor<4xf32>) {
+    "func.return"(%a) : (tensor<4xf32>) -> ()
+  }
+}
+"""
+    x = torch.ones(4, device="tpu")
+    assert 0 < torch_pjrt._state.C.execute_floor(text, [x], 10) < 1.0
+    base = torch.ones(8, device="tpu")
+    with pytest.raises(ValueError, match="whole contiguous tpu tensors"):
+        torch_pjrt._state.C.execute_floor(text, [base[2:6]], 10)

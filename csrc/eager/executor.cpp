@@ -24,6 +24,7 @@
 #include "eager/plan.h"
 #include "lowering/registry.h"
 #include "lowering/strided_access.h"
+#include "runtime/constant_buffers.h"
 #include "runtime/program_cache.h"
 
 namespace torch_pjrt::eager {
@@ -402,7 +403,7 @@ std::string view_key(const char* what, const at::Tensor& t, const StorageBuffer&
 
 runtime::BufferPtr offset_buffer(const at::Tensor& t, int device) {
   int64_t offset = t.storage_offset();
-  return rt().buffer_from_host(&offset, PJRT_Buffer_Type_S64, {}, device);
+  return runtime::constant_buffer(&offset, PJRT_Buffer_Type_S64, {}, device);
 }
 }  // namespace
 

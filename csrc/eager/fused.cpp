@@ -32,6 +32,7 @@
 #include "eager/executor.h"
 #include "eager/plan.h"
 #include "eager/python_line.h"
+#include "runtime/constant_buffers.h"
 #include "runtime/pjrt_runtime.h"
 
 namespace torch_pjrt::eager {
@@ -242,7 +243,7 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
           case ParamSource::Rng:
             // (a compiled graph's view offset is a 0-d s64)
             params.push_back(p.param_types[i].shape.empty()
-                                 ? rt().buffer_from_host(&t.ipack[at], PJRT_Buffer_Type_S64, {}, device)
+                                 ? runtime::constant_buffer(&t.ipack[at], PJRT_Buffer_Type_S64, {}, device)
                                  : s64_buffer(&t.ipack[at], n, device));
             break;
           case ParamSource::CheckWord:

@@ -5,6 +5,7 @@
 #include "device/generator.h"
 #include "eager/fused.h"
 #include "eager/plan.h"
+#include "runtime/constant_buffers.h"
 
 namespace torch_pjrt::eager {
 
@@ -38,16 +39,18 @@ std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int devi
   return {static_cast<int64_t>(key.first), static_cast<int64_t>(key.second)};
 }
 
+// Small packs come from the table of constant buffers (most repeat: alpha,
+// a learning rate, offset 0), so a call makes no host-to-device copy.
 runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device) {
   if (scalar_pack_dtype() == DType::F32) {
     std::vector<float> narrow(v, v + n);
-    return rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
+    return runtime::constant_buffer(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
   }
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_F64, {n}, device);
+  return runtime::constant_buffer(v, PJRT_Buffer_Type_F64, {n}, device);
 }
 
 runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device) {
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_S64, {n}, device);
+  return runtime::constant_buffer(v, PJRT_Buffer_Type_S64, {n}, device);
 }
 
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
@@ -95,8 +98,8 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           break;
         case ParamSource::Rng: {
           auto key = rng_values(args, device);
-          int64_t host[2] = {key.first, key.second};
-          params.push_back(s64_buffer(host, 2, device));
+          int64_t host[2] = {key.first, key.second};  // new every call: not kept as a constant
+          params.push_back(rt().buffer_from_host(host, PJRT_Buffer_Type_S64, {2}, device));
           break;
         }
         case ParamSource::Scalars: {

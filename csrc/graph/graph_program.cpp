@@ -15,6 +15,7 @@
 #include "eager/fused.h"
 #include "eager/op_instance.h"
 #include "eager/plan.h"
+#include "runtime/constant_buffers.h"
 #include "runtime/program_cache.h"
 
 namespace torch_pjrt::graph {
@@ -372,7 +373,7 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
       keep.push_back(sb.buffer);
     } else if (p.kind == ParamSource::Offset) {
       int64_t offset = inputs.at(p.input).storage_offset();
-      keep.push_back(rt.buffer_from_host(&offset, PJRT_Buffer_Type_S64, {}, device));
+      keep.push_back(runtime::constant_buffer(&offset, PJRT_Buffer_Type_S64, {}, device));
     } else if (p.kind == ParamSource::CpuPack) {
       keep.push_back(upload_pack(p, inputs, device));
     } else if (p.kind == ParamSource::Rng) {

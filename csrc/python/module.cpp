@@ -1,11 +1,13 @@
 // Python bindings: torch_pjrt._C. Plugin selection policy lives in Python
 // (torch_pjrt/_plugin.py); this module exposes the C++ layers.
 #include <ATen/autocast_mode.h>
+#include <chrono>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 
 #include "device/current_device.h"
+#include "device/dtype_map.h"
 #include "device/generator.h"
 #include "device/lowering_routes.h"
 #include "device/storage.h"
@@ -17,6 +19,7 @@
 #include "python/capture_bindings.h"
 #include "python/graph_bindings.h"
 #include "python/readiness_bindings.h"
+#include "runtime/constant_buffers.h"
 #include "runtime/pjrt_runtime.h"
 #include "runtime/program_cache.h"
 
@@ -152,6 +155,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["persistent_cache_save_seconds"] = mt.persistent_cache_save_seconds.load();
     d["persistent_cache_evictions"] = runtime::Runtime::get().persistent_cache().evictions();
     d["executable_cache_size"] = eager::executable_cache_size();
+    d["constant_buffers"] = static_cast<int64_t>(runtime::constant_buffer_count());
     d["executable_cache_bytes"] = runtime::ProgramCache::get().bytes();
     d["executable_cache_evictions"] = runtime::ProgramCache::get().evictions();
     d["queue_full_waits"] = mt.queue_full_waits.load();
@@ -187,6 +191,31 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   // (surfaces the plugin's own error messages; used by tests and tools).
   m.def("compile_program", [](const std::string& text) {
     return runtime::Runtime::get().compile(text)->num_outputs();
+  });
+  // Seconds per call of the runtime's execute (queue bookkeeping, the
+  // plugin's launch, output buffers made and released) for the program
+  // `text` on whole, contiguous tpu tensors, `n` calls and one wait: the
+  // floor under a strict eager op's launch, without PyTorch's dispatch
+  // (benchmarks/fused_eager.py).
+  m.def("execute_floor", [](const std::string& text, const std::vector<at::Tensor>& args, int64_t n) {
+    TORCH_CHECK_VALUE(n > 0, "execute_floor: n must be positive, got ", n);
+    py::gil_scoped_release release;
+    auto& rt = runtime::Runtime::get();
+    auto exe = rt.compile(text);
+    std::vector<runtime::BufferPtr> params;
+    int device = 0;
+    for (const at::Tensor& t : args) {
+      TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1 && t.is_contiguous() &&
+                            t.storage_offset() == 0,
+                        "execute_floor: arguments must be whole contiguous tpu tensors");
+      device = t.device().index();
+      params.push_back(device::ensure_buffer(device::storage_of(t), device::to_dtype(t.scalar_type())));
+    }
+    rt.synchronize(device);
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) rt.execute(*exe, params, device);
+    rt.synchronize(device);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(n);
   });
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("fused_enter", &eager::fused_enter);

@@ -350,7 +350,7 @@ void Runtime::await_and_destroy(PJRT_Event* event, const char* what) {
 }
 
 BufferPtr Runtime::buffer_from_host(const void* data, PJRT_Buffer_Type type,
-                                    const std::vector<int64_t>& dims, int device) {
+                                    const std::vector<int64_t>& dims, int device, bool tracked) {
   check_device(device);
   auto args = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   args.client = client_;
@@ -363,9 +363,9 @@ BufferPtr Runtime::buffer_from_host(const void* data, PJRT_Buffer_Type type,
   args.device = devices_[device];
   size_t n = element_size(type);
   for (auto d : dims) n *= d;
-  ensure_fits(device, static_cast<int64_t>(n), "a host-to-device copy");
+  if (tracked) ensure_fits(device, static_cast<int64_t>(n), "a host-to-device copy");
   check(api_->PJRT_Client_BufferFromHostBuffer(&args), "host-to-device transfer");
-  auto buffer = std::make_shared<Buffer>(api_, args.buffer, device, static_cast<int64_t>(n));
+  auto buffer = std::make_shared<Buffer>(api_, args.buffer, device, static_cast<int64_t>(n), tracked);
   await_and_destroy(args.done_with_host_buffer, "host-to-device transfer");
   metrics().host_to_device_bytes += n;
   return buffer;

@@ -57,7 +57,9 @@ Metrics& metrics();
 // creation to destruction.
 class Buffer {
  public:
-  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes);
+  // `tracked`: counted in the device's memory figures (memory_allocated, the
+  // limit); internal constants (constant_buffers.h) are not.
+  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked = true);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -73,6 +75,7 @@ class Buffer {
   const PJRT_Api* api_;
   PJRT_Buffer* buffer_;
   bool donated_ = false;
+  bool tracked_;
   int device_index_;
   int64_t bytes_;
 };
@@ -196,8 +199,9 @@ class Runtime {
   std::string device_kind(int index) const;
   void check_device(int index) const;
 
+  // `tracked`: see Buffer (false for internal constants only).
   BufferPtr buffer_from_host(const void* data, PJRT_Buffer_Type type,
-                             const std::vector<int64_t>& dims, int device);
+                             const std::vector<int64_t>& dims, int device, bool tracked = true);
   // Blocks until the bytes are in `dst`.
   void buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes);
   BufferPtr copy_to_device(const Buffer& buffer, int device, size_t nbytes);

@@ -73,14 +73,14 @@ int64_t host_available() {
 
 }  // namespace
 
-Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes)
-    : api_(api), buffer_(buffer), device_index_(device_index), bytes_(bytes) {
-  account(device_index_, bytes_, true);
+Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked)
+    : api_(api), buffer_(buffer), tracked_(tracked), device_index_(device_index), bytes_(bytes) {
+  if (tracked_) account(device_index_, bytes_, true);
 }
 
 Buffer::~Buffer() {
   if (in_forked_child()) return;  // the parent's plugin state: leave it
-  if (!donated_) account(device_index_, bytes_, false);
+  if (!donated_ && tracked_) account(device_index_, bytes_, false);
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   discard(api_, api_->PJRT_Buffer_Destroy(&args));
@@ -88,7 +88,7 @@ Buffer::~Buffer() {
 
 void Buffer::mark_donated() {
   if (donated_) return;
-  account(device_index_, bytes_, false);  // the buffer is gone (it lives on as the output)
+  if (tracked_) account(device_index_, bytes_, false);  // the buffer is gone (it lives on as the output)
   bytes_ = 0;
   donated_ = true;
 }
