@@ -69,3 +69,14 @@ def test_fused_traces_with_constant_packs_match_cpu():
             results.append(y.cpu())
     for step, got in enumerate(results):
         torch.testing.assert_close(got, ((x_cpu * 0.5 + step * 0.25).relu()[1:3] - 1.5), rtol=1e-6, atol=1e-6)
+
+
+def test_values_equal_as_numbers_but_not_as_bits_stay_apart():
+    # 0.0 and -0.0 compare equal, NaNs never do: the table keys by bytes, so
+    # x * 0.0 and x * -0.0 keep their signs and NaN / inf pass through.
+    x_cpu = torch.tensor([1.0, -2.0, 3.0])
+    x = x_cpu.to("tpu")
+    for v in (0.0, -0.0, 0.0, -0.0, float("nan"), float("inf"), float("-inf"), float("nan")):
+        got, want = (x * v).cpu(), x_cpu * v
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), v
