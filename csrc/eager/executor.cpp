@@ -412,8 +412,10 @@ runtime::BufferPtr materialize(const at::Tensor& t) {
   StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
   const auto& buffer = device::ensure_buffer(sb, dt);
+  if (sb.dtype == dt &&
+      lowering::covers_whole(t.sizes().data(), t.strides().data(), t.dim(), t.storage_offset(), sb.numel()))
+    return buffer;
   StridedView view = view_of(t);
-  if (sb.dtype == dt && view.covers_whole(sb.numel())) return buffer;
   std::string key = view_key("$read|", t, sb, dt);
   TensorType storage_type{sb.dtype, {sb.numel()}};
   int64_t n = t.numel();

@@ -95,7 +95,8 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   // program for every offset. Whether the view is its whole storage (then
   // offset 0) is decided by sizes, strides and the storage size for any valid
   // view; it is keyed anyway, as the program differs.
-  inst.put(static_cast<char>(view_of(t).covers_whole(static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dt))));
+  inst.put(static_cast<char>(lowering::covers_whole(t.sizes().data(), t.strides().data(), t.dim(), t.storage_offset(),
+                                                    static_cast<int64_t>(sb.nbytes) / lowering::itemsize(dt))));
   inst.put(static_cast<int64_t>(sb.nbytes));
   inst.put(static_cast<char>(sb.buffer || sb.pending >= 0 ? static_cast<int>(sb.dtype) : -1));
   inst.put(static_cast<int64_t>(storage));

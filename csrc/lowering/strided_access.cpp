@@ -100,17 +100,28 @@ Shape sizes_of(const StridedView& v, const std::vector<int64_t>& dims) {
 
 }  // namespace
 
-bool StridedView::is_contiguous() const {
+namespace {
+bool contiguous(const int64_t* sizes, const int64_t* strides, size_t rank) {
   int64_t expected = 1;
-  for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
+  for (size_t i = rank; i-- > 0;) {
     if (sizes[i] != 1 && strides[i] != expected) return false;
     expected *= sizes[i];
   }
   return true;
 }
+}  // namespace
+
+bool StridedView::is_contiguous() const { return contiguous(sizes.data(), strides.data(), sizes.size()); }
+
+bool covers_whole(const int64_t* sizes, const int64_t* strides, size_t rank, int64_t offset, int64_t storage_numel) {
+  if (offset != 0) return false;
+  int64_t n = 1;
+  for (size_t i = 0; i < rank; ++i) n *= sizes[i];
+  return n == storage_numel && contiguous(sizes, strides, rank);
+}
 
 bool StridedView::covers_whole(int64_t storage_numel) const {
-  return offset == 0 && numel(sizes) == storage_numel && is_contiguous();
+  return lowering::covers_whole(sizes.data(), strides.data(), sizes.size(), offset, storage_numel);
 }
 
 Value read_strided(Builder& b, const Value& flat, const StridedView& v, const std::optional<Value>& offset) {

@@ -19,6 +19,10 @@ struct StridedView {
   bool is_contiguous() const;
 };
 
+// StridedView::covers_whole on raw arrays (the eager executor asks it of
+// every tensor argument, without copying its sizes and strides).
+bool covers_whole(const int64_t* sizes, const int64_t* strides, size_t rank, int64_t offset, int64_t storage_numel);
+
 // True when `strides` lay `sizes` out densely in some dim order (a permuted
 // contiguous tensor); `perm` is then that order, outermost first.
 bool dense_permutation(const Shape& sizes, const Shape& strides, std::vector<int64_t>* perm);
