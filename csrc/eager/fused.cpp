@@ -240,12 +240,16 @@ void run_op_by_op(const Trace& t, std::vector<runtime::BufferPtr>& values, const
             params.push_back(scalar_pack_buffer(&t.fpack[at], n, device));
             break;
           case ParamSource::Offsets:
-          case ParamSource::Rng:
-            // (a compiled graph's view offset is a 0-d s64)
-            params.push_back(p.param_types[i].shape.empty()
-                                 ? runtime::constant_buffer(&t.ipack[at], PJRT_Buffer_Type_S64, {}, device)
-                                 : s64_buffer(&t.ipack[at], n, device));
+          case ParamSource::Rng: {
+            // (A compiled graph's view offset is a 0-d s64. Random keys are
+            // new at every run: not kept as constants.)
+            std::vector<int64_t> dims;
+            if (!p.param_types[i].shape.empty()) dims.push_back(n);
+            params.push_back(kind == ParamSource::Rng
+                                 ? rt().buffer_from_host(&t.ipack[at], PJRT_Buffer_Type_S64, dims, device)
+                                 : runtime::constant_buffer(&t.ipack[at], PJRT_Buffer_Type_S64, dims, device));
             break;
+          }
           case ParamSource::CheckWord:
             params.push_back(word);
             break;

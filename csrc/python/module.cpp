@@ -15,6 +15,7 @@
 #include "eager/fused.h"
 #include "eager/plan.h"
 #include "lowering/registry.h"
+#include "lowering/strided_access.h"
 #include "python/distributed_bindings.h"
 #include "python/capture_bindings.h"
 #include "python/graph_bindings.h"
@@ -201,16 +202,19 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     TORCH_CHECK_VALUE(n > 0, "execute_floor: n must be positive, got ", n);
     py::gil_scoped_release release;
     auto& rt = runtime::Runtime::get();
-    auto exe = rt.compile(text);
     std::vector<runtime::BufferPtr> params;
     int device = 0;
     for (const at::Tensor& t : args) {
-      TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1 && t.is_contiguous() &&
-                            t.storage_offset() == 0,
+      TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1,
+                        "execute_floor: arguments must be whole contiguous tpu tensors");
+      auto& sb = device::storage_of(t);
+      TORCH_CHECK_VALUE(lowering::covers_whole(t.sizes().data(), t.strides().data(), t.dim(), t.storage_offset(),
+                                               static_cast<int64_t>(sb.nbytes) / static_cast<int64_t>(t.itemsize())),
                         "execute_floor: arguments must be whole contiguous tpu tensors");
       device = t.device().index();
-      params.push_back(device::ensure_buffer(device::storage_of(t), device::to_dtype(t.scalar_type())));
+      params.push_back(device::ensure_buffer(sb, device::to_dtype(t.scalar_type())));
     }
+    auto exe = rt.compile(text);
     rt.synchronize(device);
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < n; ++i) rt.execute(*exe, params, device);

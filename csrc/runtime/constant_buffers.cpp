@@ -31,8 +31,8 @@ BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::ve
   size_t bytes = element_size(type);
   for (int64_t d : dims) bytes *= static_cast<size_t>(d);
   if (bytes > kConstantBufferMaxBytes || in_forked_child()) return rt.buffer_from_host(data, type, dims, device);
-  std::string key;
-  key.reserve(bytes + 8 * dims.size() + 3);
+  thread_local std::string key;  // reused: a lookup that hits allocates nothing
+  key.clear();
   key.push_back(static_cast<char>(device));
   key.push_back(static_cast<char>(type));
   key.push_back(static_cast<char>(dims.size()));
@@ -47,7 +47,7 @@ BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::ve
   BufferPtr buf = rt.buffer_from_host(data, type, dims, device, /*tracked=*/false);
   std::lock_guard<std::mutex> lock(t.mutex);
   if (t.entries.size() >= kMaxEntries) t.entries.clear();  // values that vary (random keys): start again
-  t.entries.emplace(std::move(key), buf);
+  t.entries.emplace(key, buf);
   return buf;
 }
 
