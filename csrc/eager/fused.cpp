@@ -334,7 +334,8 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
 // Each aliased input is donated when the trace holds its only reference (no
 // tensor, other storage or queued execution still reads that buffer);
 // otherwise XLA gives that output a buffer of its own.
-std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const Entry& e, size_t n_outputs) {
+std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const Entry& e, size_t n_outputs,
+                                                        bool on_launch_thread) {
   std::vector<int64_t> donated, kept;
   if (!e.aliases.empty()) {
     rt().release_finished(t.device);  // finished executions let go of their arguments and outputs
@@ -352,7 +353,9 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
                                     : s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   if (t.checks) params.push_back(rt().check_word(t.device));
   for (int64_t x : donated) g_stats.donated_bytes += t.externals[x]->bytes();
-  std::vector<runtime::BufferPtr> outs = rt().execute(*e.exe, params, t.device, donated, kept);
+  std::vector<runtime::BufferPtr> outs = on_launch_thread
+                                             ? rt().launch(e.exe, std::move(params), t.device, donated, kept)
+                                             : rt().execute(*e.exe, params, t.device, donated, kept);
   g_stats.donated_buffers += static_cast<int64_t>(donated.size());
   g_stats.not_donated_buffers += static_cast<int64_t>(kept.size());
   if (t.checks) rt().set_check_word(t.device, outs.at(n_outputs));

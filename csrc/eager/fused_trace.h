@@ -81,8 +81,11 @@ struct Entry {
 };
 
 // Runs `t` as the entry's fused program; the first n_outputs results are the
-// values that leave. The caller holds the device lock.
-std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs);
+// values that leave. The caller holds the device lock. `on_launch_thread`:
+// the plugin's execute call is made on the launch thread (Runtime::launch)
+// and the outputs come back pending.
+std::vector<runtime::BufferPtr> run_fused(const Trace& t, const Entry& e, size_t n_outputs,
+                                          bool on_launch_thread = false);
 
 // Step capture (step_capture.cpp): whether a capture is recording, and the
 // hook a flush calls while one is, with the values that leave (value id,

@@ -120,7 +120,10 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
     // A storage this op replaces while a fused trace still owes its value:
     // the trace runs first, so its later result cannot overwrite this one.
     for (const Write& w : plan.writes) settle(*inst.storages[w.storage]);
-    outputs = rt().execute(*plan.exe, params, device);
+    // The plugin's execute call is made on the launch thread (its outputs
+    // come back pending), except in debug mode, which waits for each op.
+    outputs = debug_mode() ? rt().execute(*plan.exe, params, device)
+                           : rt().launch(plan.exe, std::move(params), device);
     if (plan.check_output >= 0) rt().set_check_word(device, outputs[plan.check_output]);
     if (debug_mode()) {
       // Wait here, so that a device error names this op (and Python's

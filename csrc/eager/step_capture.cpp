@@ -417,7 +417,9 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   }
   std::vector<runtime::BufferPtr> outs;
   try {
-    outs = fused_detail::run_fused(t, *f.entry, r.outputs.size());
+    // Launched on the launch thread: the call returns without waiting for
+    // the plugin's execute call (issue 15's per-call host time).
+    outs = fused_detail::run_fused(t, *f.entry, r.outputs.size(), /*on_launch_thread=*/true);
   } catch (...) {
     for (auto& [sb, x] : taken)
       if (!t.externals[x]->donated()) sb->buffer = t.externals[x];
@@ -425,6 +427,9 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   }
   std::vector<runtime::BufferPtr> fresh(r.fresh_storages);
   std::vector<DType> fresh_dtypes(r.fresh_storages);
+  // The buffers the outputs replace are let go on the launch thread.
+  std::vector<runtime::BufferPtr> dropped = std::move(t.externals);
+  dropped.reserve(dropped.size() + r.outputs.size());
   for (size_t j = 0; j < r.outputs.size(); ++j) {
     const Source& s = r.outputs[j];
     if (s.kind == Source::Returned) {
@@ -433,6 +438,7 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
       continue;
     }
     StorageBuffer& sb = storage_for(s);
+    if (sb.buffer) dropped.push_back(std::move(sb.buffer));
     sb.buffer = outs[j];
     sb.dtype = s.dtype;
   }
@@ -459,6 +465,7 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
     }
     result.push_back(base.as_strided(rt_.sizes, rt_.strides, rt_.offset));
   }
+  rt().release_later(std::move(dropped));
   g_stats.replays++;
   return result;
 }

@@ -27,6 +27,29 @@
 namespace py = pybind11;
 using namespace torch_pjrt;
 
+namespace {
+
+// The buffers of whole, contiguous tpu tensors on one device (tools that call
+// the runtime directly), and that device.
+std::pair<std::vector<runtime::BufferPtr>, int> whole_buffers(const std::vector<at::Tensor>& args, const char* what) {
+  std::vector<runtime::BufferPtr> params;
+  int device = 0;
+  for (const at::Tensor& t : args) {
+    TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1, what,
+                      ": arguments must be whole contiguous tpu tensors, got one on ", t.device());
+    auto& sb = device::storage_of(t);
+    TORCH_CHECK_VALUE(lowering::covers_whole(t.sizes().data(), t.strides().data(), t.dim(), t.storage_offset(),
+                                             static_cast<int64_t>(sb.nbytes) / static_cast<int64_t>(t.itemsize())),
+                      what, ": arguments must be whole contiguous tpu tensors");
+    TORCH_CHECK_VALUE(params.empty() || t.device().index() == device, what, ": arguments on different devices");
+    device = t.device().index();
+    params.push_back(device::ensure_buffer(sb, device::to_dtype(t.scalar_type())));
+  }
+  return {std::move(params), device};
+}
+
+}  // namespace
+
 PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
     runtime::Runtime::initialize(path, name, cpu_devices);
@@ -136,6 +159,11 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     runtime::ProgramCache::get().set_bounds(entries, bytes);
   });
   m.def("metrics", [] {
+    // Counts every execution queued before the call (launch thread included).
+    if (runtime::Runtime::initialized() && !runtime::in_forked_child()) {
+      py::gil_scoped_release release;
+      runtime::Runtime::get().await_launches();
+    }
     auto& mt = runtime::metrics();
     py::dict d;
     d["xla_compiles"] = mt.xla_compiles.load();
@@ -163,6 +191,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["memory_drains"] = mt.memory_drains.load();
     d["out_of_memory_errors"] = mt.out_of_memory_errors.load();
     d["device_check_failures"] = mt.device_check_failures.load();
+    d["async_launches"] = mt.async_launches.load();
+    d["launch_waits"] = mt.launch_waits.load();
     py::dict fallbacks;
     for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
     d["cpu_fallbacks"] = fallbacks;
@@ -198,29 +228,51 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   // `text` on whole, contiguous tpu tensors, `n` calls and one wait: the
   // floor under a strict eager op's launch, without PyTorch's dispatch
   // (benchmarks/fused_eager.py).
-  m.def("execute_floor", [](const std::string& text, const std::vector<at::Tensor>& args, int64_t n) {
-    TORCH_CHECK_VALUE(n > 0, "execute_floor: n must be positive, got ", n);
+  // Seconds per call of the runtime's execute (queue bookkeeping, the
+  // plugin's launch, output buffers made and released) for the program
+  // `text` on whole, contiguous tpu tensors, `n` calls and one wait: the
+  // floor under a strict eager op's launch, without PyTorch's dispatch
+  // (benchmarks/fused_eager.py). `on_launch_thread`: through
+  // Runtime::launch, timing the caller's side until the last call returns.
+  m.def(
+      "execute_floor",
+      [](const std::string& text, const std::vector<at::Tensor>& args, int64_t n, bool on_launch_thread) {
+        TORCH_CHECK_VALUE(n > 0, "execute_floor: n must be positive, got ", n);
+        py::gil_scoped_release release;
+        auto& rt = runtime::Runtime::get();
+        auto [params, device] = whole_buffers(args, "execute_floor");
+        auto exe = rt.compile(text);
+        rt.synchronize(device);
+        auto start = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < n; ++i) {
+          if (on_launch_thread)
+            rt.launch(exe, params, device);
+          else
+            rt.execute(*exe, params, device);
+        }
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        rt.synchronize(device);
+        if (!on_launch_thread) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return seconds / static_cast<double>(n);
+      },
+      py::arg("text"), py::arg("args"), py::arg("n"), py::arg("on_launch_thread") = false);
+  // Queues the program `text` on the launch thread with whole tpu tensors as
+  // arguments, without checking them against the program (the plugin does,
+  // on that thread); `read`: then waits for the first output, raising the
+  // launch's error. For tests of failed launches.
+  m.def("launch_program", [](const std::string& text, const std::vector<at::Tensor>& args, bool read) {
     py::gil_scoped_release release;
     auto& rt = runtime::Runtime::get();
-    std::vector<runtime::BufferPtr> params;
-    int device = 0;
-    for (const at::Tensor& t : args) {
-      TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1,
-                        "execute_floor: arguments must be whole contiguous tpu tensors");
-      auto& sb = device::storage_of(t);
-      TORCH_CHECK_VALUE(lowering::covers_whole(t.sizes().data(), t.strides().data(), t.dim(), t.storage_offset(),
-                                               static_cast<int64_t>(sb.nbytes) / static_cast<int64_t>(t.itemsize())),
-                        "execute_floor: arguments must be whole contiguous tpu tensors");
-      device = t.device().index();
-      params.push_back(device::ensure_buffer(sb, device::to_dtype(t.scalar_type())));
-    }
-    auto exe = rt.compile(text);
-    rt.synchronize(device);
-    auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; ++i) rt.execute(*exe, params, device);
-    rt.synchronize(device);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(n);
+    auto [params, device] = whole_buffers(args, "launch_program");
+    auto outs = rt.launch(rt.compile(text), params, device);
+    if (read && !outs.empty()) outs[0]->get();
+    return outs.size();
   });
+  m.def("set_async_launch", [](bool on) {
+    py::gil_scoped_release release;
+    runtime::set_async_launch(on);
+  });
+  m.def("async_launch_enabled", &runtime::async_launch_enabled);
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("fused_enter", &eager::fused_enter);
   m.def("set_fused_pipeline", &eager::set_fused_pipeline);

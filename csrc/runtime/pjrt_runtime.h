@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,21 +50,33 @@ struct Metrics {
   std::atomic<int64_t> memory_drains{0};
   std::atomic<int64_t> out_of_memory_errors{0};
   std::atomic<int64_t> device_check_failures{0};  // value checks (indices, ...) reported
+  // Executions handed to the launch thread (Runtime::launch), and times a
+  // caller had to wait for one to be launched (reading a pending buffer,
+  // synchronize, a donation decision).
+  std::atomic<int64_t> async_launches{0};
+  std::atomic<int64_t> launch_waits{0};
 };
 Metrics& metrics();
 
 // Owns one PJRT_Buffer; destroyed when the last reference goes. Its bytes
 // (element size x elements) count in its device's memory_allocated from
-// creation to destruction.
+// creation to destruction. An output of an execution queued on the launch
+// thread (Runtime::launch) is pending until that execution is launched:
+// get() waits for it, and raises the launch's error if it failed.
 class Buffer {
  public:
   // `tracked`: counted in the device's memory figures (memory_allocated, the
-  // limit); internal constants (constant_buffers.h) are not.
+  // limit); internal constants (constant_buffers.h) are not. A null `buffer`
+  // makes a pending one (launcher.cpp fills it).
   Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked = true);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  PJRT_Buffer* get() const { return buffer_; }
+  PJRT_Buffer* get() const {
+    PJRT_Buffer* b = buffer_.load(std::memory_order_acquire);
+    return b ? b : await_launch();
+  }
+  bool launched() const { return buffer_.load(std::memory_order_acquire) != nullptr; }
   int device_index() const { return device_index_; }
   int64_t bytes() const { return bytes_; }
   // Given to an execution as an aliased (donated) input: its memory now
@@ -72,8 +85,11 @@ class Buffer {
   bool donated() const { return donated_; }
 
  private:
+  friend class Runtime;
+  PJRT_Buffer* await_launch() const;  // launcher.cpp
   const PJRT_Api* api_;
-  PJRT_Buffer* buffer_;
+  std::atomic<PJRT_Buffer*> buffer_;
+  std::exception_ptr failed_;  // its launch's error (set under the launcher's lock)
   bool donated_ = false;
   bool tracked_;
   int device_index_;
@@ -181,6 +197,11 @@ using DeviceEventPtr = std::shared_ptr<DeviceEvent>;
 // device state) does not exist there, so nothing may call into the plugin.
 bool in_forked_child();
 
+// Whether Runtime::launch uses the launch thread (TORCH_PJRT_ASYNC_LAUNCH=0:
+// it calls execute() on the caller's thread instead).
+bool async_launch_enabled();
+void set_async_launch(bool on);
+
 class Runtime {
  public:
   // Loads the plugin, checks its API version, creates the client. Throws
@@ -224,6 +245,18 @@ class Runtime {
   // Waits for every execution launched so far on `device` (-1: all devices),
   // then reports failed value checks (report_checks).
   void synchronize(int device);
+  // execute() with the plugin's execute call made on the launch thread
+  // (launcher.cpp): the outputs come back at once, pending until launched,
+  // and executions run in the order they were queued. Memory is checked and
+  // donated inputs are marked here, as execute() does; a launch that fails
+  // fails its outputs' reads and the next synchronize.
+  std::vector<BufferPtr> launch(const ExecutablePtr& exe, std::vector<BufferPtr> args, int device,
+                                std::vector<int64_t> donated = {}, std::vector<int64_t> not_donated = {});
+  // Waits until everything queued by launch() has been launched (not run).
+  void await_launches();
+  // Drops these references on the launch thread, after what is queued there
+  // (destroying a buffer is a plugin call); at once when it is not running.
+  void release_later(std::vector<BufferPtr> buffers);
   // An event completing with the work launched so far on `device` (DeviceEvent).
   DeviceEventPtr record_event(int device);
   // Whether every execution launched so far on `device` has completed.
@@ -335,6 +368,15 @@ class Runtime {
   PJRT_LoadedExecutable* compile_with(const std::string& mlir_text, const std::string& options, const char* what);
   // Queues a launched execution's completion event and what it holds.
   void enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held);
+  // The plugin's execute call and the queueing of its event; `donated`
+  // marked once it succeeded (null: marked already, by launch()); the
+  // outputs are made, or fill `pending` (a launch).
+  std::vector<BufferPtr> execute_call(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+                                      const std::vector<int64_t>* donated, const std::vector<int64_t>& not_donated,
+                                      std::vector<BufferPtr>* pending);
+  void launch_loop();
+  // The first failed launch since the last synchronize (raised there).
+  std::exception_ptr take_launch_error();
   std::string cache_identity() const;
 
   const PJRT_Api* api_ = nullptr;

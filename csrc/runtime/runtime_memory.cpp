@@ -81,8 +81,10 @@ Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64
 Buffer::~Buffer() {
   if (in_forked_child()) return;  // the parent's plugin state: leave it
   if (!donated_ && tracked_) account(device_index_, bytes_, false);
+  PJRT_Buffer* b = buffer_.load(std::memory_order_acquire);
+  if (!b) return;  // its launch failed: never made
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-  args.buffer = buffer_;
+  args.buffer = b;
   discard(api_, api_->PJRT_Buffer_Destroy(&args));
 }
 
@@ -161,6 +163,7 @@ void Runtime::set_memory_limit(int device, int64_t bytes) {
 
 MemoryStats Runtime::memory_stats(int device) {
   check_device(device);
+  await_launches();  // buffers the launch thread still has to let go of
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     retire_ready_locked(device);  // finished work no longer holds its buffers

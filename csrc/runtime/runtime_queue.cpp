@@ -18,6 +18,13 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   int64_t reused = 0;  // donated inputs' memory becomes outputs' memory
   for (int64_t i : donated) reused += args[i]->bytes();
   ensure_fits(device, exe.total_output_bytes() - reused, "the program");
+  return execute_call(exe, args, device, &donated, not_donated, nullptr);
+}
+
+std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+                                             const std::vector<int64_t>* donated,
+                                             const std::vector<int64_t>& not_donated,
+                                             std::vector<BufferPtr>* pending) {
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
   options.non_donatable_input_indices = not_donated.data();
   options.num_non_donatable_input_indices = not_donated.size();
@@ -42,11 +49,19 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   metrics().execute_call_seconds =
       metrics().execute_call_seconds.load() +
       std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count();
-  for (int64_t i : donated) args[i]->mark_donated();
+  // Donated memory leaves its inputs before the outputs count (the peak
+  // never holds both).
+  if (donated)
+    for (int64_t i : *donated) args[i]->mark_donated();
   std::vector<BufferPtr> result;
-  result.reserve(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i)
-    result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
+  if (pending) {
+    for (size_t i = 0; i < outputs.size(); ++i) (*pending)[i]->buffer_.store(outputs[i], std::memory_order_release);
+    result = *pending;
+  } else {
+    result.reserve(outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i)
+      result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
+  }
   std::vector<BufferPtr> held = args;
   held.insert(held.end(), result.begin(), result.end());
   enqueue(device, done, std::move(held));
@@ -109,6 +124,7 @@ void Runtime::retire_ready_locked(int device) {
 
 std::vector<std::deque<Runtime::Pending>> Runtime::take_pending(int device,
                                                                 std::vector<std::pair<int, int64_t>>* counts) {
+  await_launches();
   std::vector<std::deque<Pending>> taken;
   std::lock_guard<std::mutex> lock(pending_mutex_);
   for (size_t d = 0; d < pending_.size(); ++d)
@@ -137,6 +153,7 @@ void Runtime::drain(int device) {
 
 int64_t Runtime::held_by_queue(int device) {
   // Buffers whose only owners are queue entries (no tensor holds them).
+  await_launches();
   std::unordered_map<const Buffer*, long> refs;
   int64_t bytes = 0;
   std::lock_guard<std::mutex> lock(pending_mutex_);
@@ -154,6 +171,11 @@ int64_t Runtime::held_by_queue(int device) {
 void Runtime::synchronize(int device) {
   metrics().host_waits++;
   std::string first_error;
+  await_launches();
+  if (std::exception_ptr failed = take_launch_error()) {
+    drain(device);
+    std::rethrow_exception(failed);
+  }
   std::vector<std::pair<int, int64_t>> counts;
   for (auto& queue : take_pending(device, &counts)) {
     for (auto& p : queue) {
@@ -228,6 +250,7 @@ void DeviceEvent::arrive(int64_t now_ns) {
 
 DeviceEventPtr Runtime::record_event(int device) {
   check_device(device);
+  await_launches();
   auto event = std::make_shared<DeviceEvent>(device);
   event->time_ns_ = steady_now_ns();
   std::lock_guard<std::mutex> lock(pending_mutex_);
@@ -262,12 +285,14 @@ DeviceEventPtr Runtime::record_event(int device) {
 
 bool Runtime::idle(int device) {
   check_device(device);
+  await_launches();
   std::lock_guard<std::mutex> lock(pending_mutex_);
   retire_ready_locked(device);
   return pending_[device].empty();
 }
 
 void Runtime::release_finished(int device) {
+  await_launches();
   std::lock_guard<std::mutex> lock(pending_mutex_);
   for (size_t d = 0; d < pending_.size(); ++d)
     if (device < 0 || static_cast<int>(d) == device) retire_ready_locked(static_cast<int>(d));
