@@ -265,30 +265,41 @@ def sync(device):
 
 def launch_table(repeats, markdown):
     """Strict eager's per-op launch against a PyTorch CPU kernel call on 16
-    floats, per kind of op (alternating devices, median of 5 x repeats), and
-    the runtime's execute call alone for the same add program: the floor under
-    a launched op that no dispatch work of ours can go below."""
+    floats, per kind of op (alternating devices, median of 5 x repeats): with
+    the plugin's execute call on the launch thread (the default) and on the
+    calling thread (TORCH_PJRT_ASYNC_LAUNCH=0), alternating in this process;
+    and the runtime's execute call alone for the same add program: the floor
+    under an op launched on the calling thread."""
     def ops(device):
         x, y = torch.ones(16, device=device), torch.ones(16, device=device)
         base = torch.ones(64, device=device)
         return {"add(x, y)": lambda: torch.add(x, y), "x + 2.5 (Python scalar)": lambda: x + 2.5,
                 "relu(x)": lambda: torch.relu(x), "base[8:24] * 2 (view at an offset)": lambda: base[8:24] * 2}
+    C = torch_pjrt._state.C
+    launch_thread = C.async_launch_enabled()
     cpu_ops, tpu_ops = ops("cpu"), ops("tpu")
-    samples = {name: ([], []) for name in cpu_ops}
+    samples = {name: ([], [], []) for name in cpu_ops}
     floor = []
     xt, yt = torch.ones(16, device="tpu"), torch.ones(16, device="tpu")
-    for _ in range(5 * repeats):
-        for name in cpu_ops:
-            samples[name][0].append(per_call(cpu_ops[name], "cpu"))
-            samples[name][1].append(per_call(tpu_ops[name], "tpu"))
-        floor.append(torch_pjrt._state.C.execute_floor(ADD_PROGRAM, [xt, yt], 2000))
+    try:
+        for _ in range(5 * repeats):
+            for name in cpu_ops:
+                samples[name][0].append(per_call(cpu_ops[name], "cpu"))
+                C.set_async_launch(True)
+                samples[name][1].append(per_call(tpu_ops[name], "tpu"))
+                C.set_async_launch(False)
+                samples[name][2].append(per_call(tpu_ops[name], "tpu"))
+            floor.append(C.execute_floor(ADD_PROGRAM, [xt, yt], 2000))
+    finally:
+        C.set_async_launch(launch_thread)
     rows = []
-    for name, (c, t) in samples.items():
-        c, t = statistics.median(c), statistics.median(t)
-        rows.append([name, f"{c * 1e6:.2f}", f"{t * 1e6:.2f}", f"{t / c:.2f}x"])
+    for name, (c, t, s) in samples.items():
+        c, t, s = statistics.median(c), statistics.median(t), statistics.median(s)
+        rows.append([name, f"{c * 1e6:.2f}", f"{t * 1e6:.2f}", f"{t / c:.2f}x", f"{s * 1e6:.2f}", f"{s / c:.2f}x"])
     c_add, f = statistics.median(samples["add(x, y)"][0]), statistics.median(floor)
-    rows.append(["add program, runtime execute call alone", "", f"{f * 1e6:.2f}", f"{f / c_add:.2f}x"])
-    table(["op on 16 floats", "cpu (us)", "tpu strict (us)", "ratio to cpu"], rows, markdown)
+    rows.append(["add program, runtime execute call alone", "", "", "", f"{f * 1e6:.2f}", f"{f / c_add:.2f}x"])
+    table(["op on 16 floats", "cpu (us)", "tpu strict (us)", "ratio to cpu", "tpu strict, execute on the calling "
+           "thread (us)", "ratio to cpu"], rows, markdown)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -666,7 +667,11 @@ void fused_flush(const char* reason) {
   if (capturing()) capture_flushed(t, live, e, why);
   if (e->exe) {
     try {
-      assign(run_fused(t, *e, outputs.size()));
+      // A pipelined part is not read at once: the recording (or the host
+      // read it preceded) goes on while the launch thread makes its execute
+      // call. A read flush waits for its program in any case.
+      bool later = std::strcmp(why, "pipeline") == 0;
+      assign(run_fused(t, *e, outputs.size(), /*on_launch_thread=*/later));
       return;
     } catch (...) {
       // Replayed op by op below: the op that fails again is named.

@@ -193,6 +193,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["device_check_failures"] = mt.device_check_failures.load();
     d["async_launches"] = mt.async_launches.load();
     d["launch_waits"] = mt.launch_waits.load();
+    d["caller_launches"] = mt.caller_launches.load();
     py::dict fallbacks;
     for (const auto& [op, n] : eager::cpu_fallback_counts()) fallbacks[py::str(op)] = n;
     d["cpu_fallbacks"] = fallbacks;

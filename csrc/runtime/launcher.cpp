@@ -102,10 +102,13 @@ std::vector<BufferPtr> Runtime::launch(const ExecutablePtr& exe, std::vector<Buf
     }
     if (l.jobs.size() >= kMaxQueued) {
       metrics().launch_waits++;
-      l.work.notify_one();
-      l.full_waiters++;
-      l.done.wait(lock, [&] { return l.jobs.size() <= kResume; });
-      l.full_waiters--;
+      if (!l.busy) {
+        run_front_job(lock);  // the thread is not running: do one ourselves
+      } else {
+        l.full_waiters++;
+        l.done.wait(lock, [&] { return l.jobs.size() <= kResume; });
+        l.full_waiters--;
+      }
     }
     l.jobs.push_back(std::move(job));
     l.queued.store(l.jobs.size(), std::memory_order_release);
@@ -137,33 +140,45 @@ void Runtime::launch_loop() {
       }
       lock.lock();
     }
-    l.work.wait(lock, [&] { return !l.jobs.empty(); });
-    Job job = std::move(l.jobs.front());
-    l.jobs.pop_front();
-    l.queued.store(l.jobs.size(), std::memory_order_release);
-    l.busy = true;
-    lock.unlock();
-    std::exception_ptr failed;
-    if (job.exe) try {
+    l.work.wait(lock, [&] { return !l.jobs.empty() && !l.busy; });
+    run_front_job(lock);
+  }
+}
+
+// Makes the oldest queued job's execute call: on the launch thread, or on a
+// caller that would otherwise wait for it (the thread not running one: it
+// may not have woken up yet). One job at a time (`busy`), in queue order, so
+// executions keep the order they were queued in. Called and returns with
+// `lock` held.
+void Runtime::run_front_job(std::unique_lock<std::mutex>& lock) {
+  Launcher& l = launcher();
+  Job job = std::move(l.jobs.front());
+  l.jobs.pop_front();
+  l.queued.store(l.jobs.size(), std::memory_order_release);
+  l.busy = true;
+  if (std::this_thread::get_id() != l.thread_id) metrics().caller_launches++;
+  lock.unlock();
+  std::exception_ptr failed;
+  if (job.exe) try {
       execute_call(*job.exe, job.args, job.device, nullptr, job.not_donated, &job.outputs);
     } catch (...) {
       failed = std::current_exception();
     }
-    if (failed) {
-      lock.lock();
-      for (const BufferPtr& b : job.outputs) b->failed_ = failed;
-      if (!l.unreported) l.unreported = failed;
-      lock.unlock();
-    }
-    // What the job held goes before it counts as done (a caller that waited
-    // for the launches then sees the memory freed), outside the lock
-    // (destroying buffers calls the plugin).
-    job = Job{};
+  if (failed) {
     lock.lock();
-    l.busy = false;
-    // (A notify with no one waiting is cheap; a wake-up is not.)
-    if (l.waiters > 0 || (l.full_waiters > 0 && l.jobs.size() <= kResume)) l.done.notify_all();
+    for (const BufferPtr& b : job.outputs) b->failed_ = failed;
+    if (!l.unreported) l.unreported = failed;
+    lock.unlock();
   }
+  // What the job held goes before it counts as done (a caller that waited
+  // for the launches then sees the memory freed), outside the lock
+  // (destroying buffers calls the plugin).
+  job = Job{};
+  lock.lock();
+  l.busy = false;
+  // (A notify with no one waiting is cheap; a wake-up is not.)
+  if (l.waiters > 0 || (l.full_waiters > 0 && l.jobs.size() <= kResume)) l.done.notify_all();
+  if (!l.jobs.empty() && std::this_thread::get_id() != l.thread_id) l.work.notify_one();
 }
 
 void Runtime::await_launches() {
@@ -172,10 +187,15 @@ void Runtime::await_launches() {
   if (!l.started || std::this_thread::get_id() == l.thread_id) return;
   if (l.jobs.empty() && !l.busy) return;
   metrics().launch_waits++;
-  l.work.notify_one();  // queued drops wake no one (release_later)
-  l.waiters++;
-  l.done.wait(lock, [&] { return l.jobs.empty() && !l.busy; });
-  l.waiters--;
+  while (!l.jobs.empty() || l.busy) {
+    if (!l.busy) {
+      run_front_job(lock);
+      continue;
+    }
+    l.waiters++;
+    l.done.wait(lock);
+    l.waiters--;
+  }
 }
 
 std::exception_ptr Runtime::take_launch_error() {
@@ -202,10 +222,14 @@ void Runtime::release_later(std::vector<BufferPtr> buffers) {
 PJRT_Buffer* Buffer::await_launch() const {
   Launcher& l = launcher();
   std::unique_lock<std::mutex> lock(l.mutex);
-  if (!buffer_.load(std::memory_order_acquire) && !failed_) {
-    metrics().launch_waits++;
+  if (!buffer_.load(std::memory_order_acquire) && !failed_) metrics().launch_waits++;
+  while (!buffer_.load(std::memory_order_acquire) && !failed_) {
+    if (!l.busy && !l.jobs.empty()) {
+      Runtime::get().run_front_job(lock);  // ours is queued: launch up to it here
+      continue;
+    }
     l.waiters++;
-    l.done.wait(lock, [&] { return buffer_.load(std::memory_order_acquire) || failed_; });
+    l.done.wait(lock);
     l.waiters--;
   }
   if (failed_) {

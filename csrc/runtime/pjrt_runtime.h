@@ -55,6 +55,7 @@ struct Metrics {
   // synchronize, a donation decision).
   std::atomic<int64_t> async_launches{0};
   std::atomic<int64_t> launch_waits{0};
+  std::atomic<int64_t> caller_launches{0};  // queued launches a waiting caller made itself
 };
 Metrics& metrics();
 
@@ -375,6 +376,8 @@ class Runtime {
                                       const std::vector<int64_t>* donated, const std::vector<int64_t>& not_donated,
                                       std::vector<BufferPtr>* pending);
   void launch_loop();
+  friend class Buffer;  // (a reader of a pending buffer may launch it: Buffer::await_launch)
+  void run_front_job(std::unique_lock<std::mutex>& lock);
   // The first failed launch since the last synchronize (raised there).
   std::exception_ptr take_launch_error();
   std::string cache_identity() const;
