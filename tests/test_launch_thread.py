@@ -5,6 +5,9 @@ CPU's), every reader must wait for a pending output, memory must count it from
 the call, and a launch that fails must raise at the read of its outputs or at
 the next synchronize: never hang, crash or hand back garbage."""
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,3 +107,16 @@ def test_execute_floor_on_the_launch_thread_times_the_callers_side(launch_thread
     x = torch.ones(4, device="tpu")
     assert 0 < C.execute_floor(ADD, [x], 50, on_launch_thread=True) < 1.0
     torch.testing.assert_close((x * 3).cpu(), torch.full((4,), 3.0))
+
+
+def test_a_process_that_exits_with_launches_queued_exits_cleanly():
+    # Work still queued for the launch thread at exit (no synchronize): the
+    # interpreter's shutdown must neither hang nor crash nor print errors.
+    code = ("import torch, torch_pjrt\n"
+            "x = torch.randn(128, 128, device='tpu')\n"
+            "for _ in range(100):\n"
+            "    x = torch.tanh(x @ x) * 0.5\n")
+    env = dict(os.environ, TORCH_PJRT_ASYNC_LAUNCH="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Error" not in r.stderr and "terminate" not in r.stderr, r.stderr
