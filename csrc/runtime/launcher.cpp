@@ -42,7 +42,7 @@ struct Launcher {
   std::condition_variable done;  // a job launched (or failed)
   std::deque<Job> jobs;
   std::atomic<size_t> queued{0};  // jobs.size(), read without the lock while spinning
-  bool busy = false;  // the thread is launching one job (taken off `jobs`)
+  bool busy = false;  // one job (taken off `jobs`) is being launched, by the thread or a caller
   int waiters = 0;    // callers waiting on `done` (woken after each job)
   int full_waiters = 0;  // callers waiting for room (woken at kResume)
   bool started = false;
