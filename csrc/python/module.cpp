@@ -228,11 +228,6 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   // plugin's launch, output buffers made and released) for the program
   // `text` on whole, contiguous tpu tensors, `n` calls and one wait: the
   // floor under a strict eager op's launch, without PyTorch's dispatch
-  // (benchmarks/fused_eager.py).
-  // Seconds per call of the runtime's execute (queue bookkeeping, the
-  // plugin's launch, output buffers made and released) for the program
-  // `text` on whole, contiguous tpu tensors, `n` calls and one wait: the
-  // floor under a strict eager op's launch, without PyTorch's dispatch
   // (benchmarks/fused_eager.py). `on_launch_thread`: through
   // Runtime::launch, timing the caller's side until the last call returns.
   m.def(

@@ -75,9 +75,7 @@ std::vector<BufferPtr> Runtime::launch(const ExecutablePtr& exe, std::vector<Buf
                                        std::vector<int64_t> donated, std::vector<int64_t> not_donated) {
   if (!async_launch_enabled()) return execute(*exe, args, device, donated, not_donated);
   check_device(device);
-  int64_t reused = 0;
-  for (int64_t i : donated) reused += args[i]->bytes();
-  ensure_fits(device, exe->total_output_bytes() - reused, "the program");
+  ensure_outputs_fit(*exe, args, donated, device);
   // Donation is marked now, as execute() does after its call, and before the
   // outputs count: the memory moves to them, and no later decision may
   // donate or count it again.

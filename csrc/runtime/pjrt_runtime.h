@@ -77,7 +77,6 @@ class Buffer {
     PJRT_Buffer* b = buffer_.load(std::memory_order_acquire);
     return b ? b : await_launch();
   }
-  bool launched() const { return buffer_.load(std::memory_order_acquire) != nullptr; }
   int device_index() const { return device_index_; }
   int64_t bytes() const { return bytes_; }
   // Given to an execution as an aliased (donated) input: its memory now
@@ -367,6 +366,10 @@ class Runtime {
   void create_client(KeyValueStore* kv, int node_id, int num_nodes);
   // PJRT_Client_Compile with serialized compile options (counted, timed).
   PJRT_LoadedExecutable* compile_with(const std::string& mlir_text, const std::string& options, const char* what);
+  // Raises OutOfMemoryError unless the outputs of `exe` fit, counting the
+  // memory of the `donated` arguments as reused.
+  void ensure_outputs_fit(const Executable& exe, const std::vector<BufferPtr>& args,
+                          const std::vector<int64_t>& donated, int device);
   // Queues a launched execution's completion event and what it holds.
   void enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held);
   // The plugin's execute call and the queueing of its event; `donated`

@@ -15,10 +15,15 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
                                         const std::vector<int64_t>& donated,
                                         const std::vector<int64_t>& not_donated) {
   check_device(device);
+  ensure_outputs_fit(exe, args, donated, device);
+  return execute_call(exe, args, device, &donated, not_donated, nullptr);
+}
+
+void Runtime::ensure_outputs_fit(const Executable& exe, const std::vector<BufferPtr>& args,
+                                 const std::vector<int64_t>& donated, int device) {
   int64_t reused = 0;  // donated inputs' memory becomes outputs' memory
   for (int64_t i : donated) reused += args[i]->bytes();
   ensure_fits(device, exe.total_output_bytes() - reused, "the program");
-  return execute_call(exe, args, device, &donated, not_donated, nullptr);
 }
 
 std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, const std::vector<BufferPtr>& args, int device,
