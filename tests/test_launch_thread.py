@@ -120,3 +120,44 @@ def test_a_process_that_exits_with_launches_queued_exits_cleanly():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Error" not in r.stderr and "terminate" not in r.stderr, r.stderr
+
+
+def test_back_to_back_replays_donate_what_queued_work_still_reads(launch_thread_on):
+    # Replays queued one after another, with no read in between: each donates
+    # the state the previous replay made (still held by that queued or running
+    # execution) and waits for no launch, while strict ops queued before each
+    # replay read the values from before it (PJRT orders a donation after the
+    # buffer's earlier uses).
+    n = 128
+    gen = torch.Generator().manual_seed(5)
+    p_cpu, g_cpu = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen) * 0.1
+    p, g = p_cpu.to("tpu"), g_cpu.to("tpu")
+
+    @torch_pjrt.capture_step
+    def step(g):
+        p.mul_(0.5).add_(g)
+        return p.sum()
+
+    def step_cpu():
+        p_cpu.mul_(0.5).add_(g_cpu)
+        return p_cpu.sum()
+
+    for _ in range(5):  # warm-up, two recordings, a first replay
+        step(g).item()
+        step_cpu()
+    torch.tpu.synchronize()
+    m0 = torch_pjrt.metrics()
+    reads, sums, reads_cpu, sums_cpu = [], [], [], []
+    for _ in range(8):
+        reads.append(torch.tanh(p @ p))  # strict eager, queued on the launch thread
+        sums.append(step(g))
+        reads_cpu.append(torch.tanh(p_cpu @ p_cpu))
+        sums_cpu.append(step_cpu())
+    m1 = torch_pjrt.metrics()
+    torch.tpu.synchronize()
+    assert m1["capture_replays"] - m0["capture_replays"] == 8
+    assert m1["fused_donated_buffers"] - m0["fused_donated_buffers"] == 8, "p donated by every replay"
+    assert m1["fused_not_donated_buffers"] == m0["fused_not_donated_buffers"]
+    assert m1["launch_waits"] - m0["launch_waits"] <= 1, "a replay waited for an earlier launch"
+    for a, b in zip(reads + sums + [p], reads_cpu + sums_cpu + [p_cpu]):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-4)

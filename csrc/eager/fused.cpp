@@ -332,18 +332,19 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
 
 }  // namespace
 
-// Each aliased input is donated when the trace holds its only reference (no
-// tensor, other storage or queued execution still reads that buffer);
-// otherwise XLA gives that output a buffer of its own.
+// Each aliased input is donated when the trace holds its only reference
+// besides queued or running executions' (no tensor or other storage still
+// reads that buffer; PJRT orders the donation after the earlier executions'
+// uses of it); otherwise XLA gives that output a buffer of its own.
 std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const Entry& e, size_t n_outputs,
                                                         bool on_launch_thread) {
   std::vector<int64_t> donated, kept;
   if (!e.aliases.empty()) {
-    rt().release_finished(t.device);  // finished executions let go of their arguments and outputs
-    for (const auto& [x, out] : e.aliases) {
-      const runtime::BufferPtr& buf = t.externals[x];
-      (buf.use_count() == 1 && !buf->donated() ? donated : kept).push_back(x);
-    }
+    std::vector<int64_t> candidates;
+    candidates.reserve(e.aliases.size());
+    for (const auto& [x, out] : e.aliases) candidates.push_back(x);
+    rt().choose_donations(t.externals, candidates, t.device, on_launch_thread && runtime::async_launch_enabled(),
+                          donated, kept);
   }
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
   if (t.fpack_buffer || !t.fpack.empty())

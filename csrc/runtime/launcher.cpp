@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "runtime/pjrt_runtime.h"
@@ -21,11 +22,18 @@ namespace torch_pjrt::runtime {
 namespace {
 
 struct Job {
-  ExecutablePtr exe;  // null: only drops `args` (Runtime::release_later)
-  std::vector<BufferPtr> args;
-  std::vector<BufferPtr> outputs;  // pending until launched
+  ExecutablePtr exe;  // null: only drops `dropped` (Runtime::release_later)
+  std::vector<BufferPtr> dropped;
+  // The arguments, then the outputs (pending until launched): the only
+  // references the job holds, which its queued execution takes over.
+  QueueHold hold;
+  size_t num_args = 0;
   int device = 0;
   std::vector<int64_t> not_donated;
+  std::span<const BufferPtr> args() const { return {hold.buffers().data(), num_args}; }
+  std::span<const BufferPtr> outputs() const {
+    return std::span<const BufferPtr>(hold.buffers()).subspan(num_args);
+  }
 };
 
 // A caller this far ahead of the launch thread waits (memory stays bounded)
@@ -79,14 +87,28 @@ std::vector<BufferPtr> Runtime::launch(const ExecutablePtr& exe, std::vector<Buf
   // Donation is marked now, as execute() does after its call, and before the
   // outputs count: the memory moves to them, and no later decision may
   // donate or count it again.
-  for (int64_t i : donated) args[i]->mark_donated();
+  // (Counted once for all: a captured step donates and makes a hundred or more.)
+  int64_t donated_bytes = 0, donated_count = 0;
+  for (int64_t i : donated) {
+    Buffer& b = *args[i];
+    if (b.donated_) continue;
+    if (b.tracked_) {
+      donated_bytes += b.bytes_;
+      donated_count++;
+    }
+    b.mark_donated(/*count=*/false);
+  }
+  account_buffers(device, donated_bytes, donated_count, false);
   Job job;
-  job.outputs.reserve(exe->num_outputs());
+  std::vector<BufferPtr> result;
+  result.reserve(exe->num_outputs());
   for (size_t i = 0; i < exe->num_outputs(); ++i)
-    job.outputs.push_back(std::make_shared<Buffer>(api_, nullptr, device, exe->output_bytes(i)));
-  std::vector<BufferPtr> result = job.outputs;
+    result.push_back(std::make_shared<Buffer>(api_, nullptr, device, exe->output_bytes(i), true, true));
+  account_buffers(device, exe->total_output_bytes(), static_cast<int64_t>(exe->num_outputs()), true);
   job.exe = exe;
-  job.args = std::move(args);
+  job.num_args = args.size();
+  args.insert(args.end(), result.begin(), result.end());
+  job.hold = QueueHold(std::move(args), /*launched=*/false);
   job.device = device;
   job.not_donated = std::move(not_donated);
   Launcher& l = launcher();
@@ -158,13 +180,13 @@ void Runtime::run_front_job(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   std::exception_ptr failed;
   if (job.exe) try {
-      execute_call(*job.exe, job.args, job.device, nullptr, job.not_donated, &job.outputs);
+      execute_call(*job.exe, job.args(), job.device, nullptr, job.not_donated, job.outputs(), &job.hold);
     } catch (...) {
       failed = std::current_exception();
     }
   if (failed) {
     lock.lock();
-    for (const BufferPtr& b : job.outputs) b->failed_ = failed;
+    for (const BufferPtr& b : job.outputs()) b->failed_ = failed;
     if (!l.unreported) l.unreported = failed;
     lock.unlock();
   }
@@ -210,7 +232,7 @@ void Runtime::release_later(std::vector<BufferPtr> buffers) {
     std::lock_guard<std::mutex> lock(l.mutex);
     if (!l.started || !async_launch_enabled()) return;  // dropped here, on return
     Job job;
-    job.args = std::move(buffers);
+    job.dropped = std::move(buffers);
     l.jobs.push_back(std::move(job));
     l.queued.store(l.jobs.size(), std::memory_order_release);
   }

@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,10 @@ class Buffer {
   // `tracked`: counted in the device's memory figures (memory_allocated, the
   // limit); internal constants (constant_buffers.h) are not. A null `buffer`
   // makes a pending one (launcher.cpp fills it).
-  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked = true);
+  // `counted`: the caller already counted its bytes (account_buffers, for
+  // many at once).
+  Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked = true,
+         bool counted = false);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -81,21 +85,53 @@ class Buffer {
   int64_t bytes() const { return bytes_; }
   // Given to an execution as an aliased (donated) input: its memory now
   // belongs to that execution's output, so it no longer counts here.
-  void mark_donated();
+  void mark_donated(bool count = true);  // count false: the caller counts it (account_buffers)
   bool donated() const { return donated_; }
 
  private:
   friend class Runtime;
+  friend class QueueHold;
   PJRT_Buffer* await_launch() const;  // launcher.cpp
   const PJRT_Api* api_;
   std::atomic<PJRT_Buffer*> buffer_;
   std::exception_ptr failed_;  // its launch's error (set under the launcher's lock)
   bool donated_ = false;
+  // References held by executions (QueueHold): launched ones (running or
+  // done, not yet retired), and ones queued on the launch thread. They do
+  // not stop a later execution from donating the buffer: PJRT orders a
+  // donation after the buffer's earlier uses, and the launch thread keeps
+  // queue order (so queued ones count only for a later queued launch).
+  std::atomic<int32_t> launched_refs_{0};
+  std::atomic<int32_t> queued_refs_{0};
   bool tracked_;
   int device_index_;
   int64_t bytes_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
+
+// What an execution holds (its arguments and outputs) while queued on the
+// launch thread or launched, counted on each buffer so that donation
+// decisions can tell these references from an owner's
+// (Runtime::choose_donations). A count goes down before its reference does
+// (and the queued count before the launched one goes up), so a concurrent
+// reader can only see too few counted references, never too many.
+class QueueHold {
+ public:
+  QueueHold() = default;
+  QueueHold(std::vector<BufferPtr> buffers, bool launched);
+  QueueHold(QueueHold&& o) noexcept : buffers_(std::move(o.buffers_)), launched_(o.launched_) {
+    o.buffers_.clear();
+  }
+  QueueHold& operator=(QueueHold&& o) noexcept;
+  ~QueueHold() { release(); }
+  const std::vector<BufferPtr>& buffers() const { return buffers_; }
+  void mark_launched();  // a queued execution's plugin call was made
+  void release();
+
+ private:
+  std::vector<BufferPtr> buffers_;
+  bool launched_ = false;
+};
 
 class Executable {
  public:
@@ -267,6 +303,13 @@ class Runtime {
   // Lets go at once of what finished executions still hold (empty_cache);
   // -1: all devices. Never waits.
   void release_finished(int device);
+  // Of `candidates` (indices into `args`, inputs a program may overwrite),
+  // those whose only references are `args`' own and launched executions'
+  // (and, for a program queued on the launch thread, `queued`, queued
+  // executions') go to `donated`, the rest to `kept`. Finished executions
+  // let go first; waits neither for queued launches nor for the device.
+  void choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates, int device,
+                        bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept);
 
   // ---- memory ----
   MemoryStats memory_stats(int device);
@@ -338,7 +381,7 @@ class Runtime {
   Runtime() = default;
   struct Pending {
     PJRT_Event* event;
-    std::vector<BufferPtr> held;  // arguments and outputs of the execution
+    QueueHold held;  // arguments and outputs of the execution
   };
   void await_and_destroy(PJRT_Event* event, const char* what);
   // Destroys the event; its error (if any) surfaces again when outputs are read.
@@ -371,13 +414,14 @@ class Runtime {
   void ensure_outputs_fit(const Executable& exe, const std::vector<BufferPtr>& args,
                           const std::vector<int64_t>& donated, int device);
   // Queues a launched execution's completion event and what it holds.
-  void enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held);
+  void enqueue(int device, PJRT_Event* done, QueueHold held);
   // The plugin's execute call and the queueing of its event; `donated`
   // marked once it succeeded (null: marked already, by launch()); the
-  // outputs are made, or fill `pending` (a launch).
-  std::vector<BufferPtr> execute_call(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+  // outputs are made and returned, or fill `pending` (a launch, whose
+  // `hold` of its arguments and outputs the queued execution takes over).
+  std::vector<BufferPtr> execute_call(const Executable& exe, std::span<const BufferPtr> args, int device,
                                       const std::vector<int64_t>* donated, const std::vector<int64_t>& not_donated,
-                                      std::vector<BufferPtr>* pending);
+                                      std::span<const BufferPtr> pending = {}, QueueHold* hold = nullptr);
   void launch_loop();
   friend class Buffer;  // (a reader of a pending buffer may launch it: Buffer::await_launch)
   void run_front_job(std::unique_lock<std::mutex>& lock);
@@ -409,6 +453,9 @@ class Runtime {
 
 // Live buffer bytes of `device` (and the peak), kept by Buffer.
 int64_t live_bytes(int device);
+// `count` tracked buffers of `bytes` in all made (or gone, `created` false)
+// on `device`, counted at once: a launch's outputs and donated inputs.
+void account_buffers(int device, int64_t bytes, int64_t count, bool created);
 
 size_t element_size(PJRT_Buffer_Type type);
 

@@ -31,19 +31,19 @@ void raise_peak(std::atomic<int64_t>& peak_slot, int64_t now) {
   }
 }
 
-// A buffer of `bytes` created (`created`) or destroyed on `device`.
-void account(int device, int64_t bytes, bool created) {
+// `count` buffers of `bytes` in all created (`created`) or destroyed on `device`.
+void account(int device, int64_t bytes, bool created, int64_t count = 1) {
   if (device < 0 || device >= kMaxDevices) return;
   if (created) {
     raise_peak(g_peak[device], g_live[device].fetch_add(bytes) + bytes);
     g_bytes_allocated[device] += bytes;
-    g_count_allocated[device]++;
-    raise_peak(g_count_peak[device], g_count[device].fetch_add(1) + 1);
+    g_count_allocated[device] += count;
+    raise_peak(g_count_peak[device], g_count[device].fetch_add(count) + count);
   } else {
     g_live[device] -= bytes;
     g_bytes_freed[device] += bytes;
-    g_count_freed[device]++;
-    g_count[device]--;
+    g_count_freed[device] += count;
+    g_count[device] -= count;
   }
 }
 
@@ -73,9 +73,14 @@ int64_t host_available() {
 
 }  // namespace
 
-Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked)
+Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* buffer, int device_index, int64_t bytes, bool tracked,
+               bool counted)
     : api_(api), buffer_(buffer), tracked_(tracked), device_index_(device_index), bytes_(bytes) {
-  if (tracked_) account(device_index_, bytes_, true);
+  if (tracked_ && !counted) account(device_index_, bytes_, true);
+}
+
+void account_buffers(int device, int64_t bytes, int64_t count, bool created) {
+  if (count > 0) account(device, bytes, created, count);
 }
 
 Buffer::~Buffer() {
@@ -88,9 +93,9 @@ Buffer::~Buffer() {
   discard(api_, api_->PJRT_Buffer_Destroy(&args));
 }
 
-void Buffer::mark_donated() {
+void Buffer::mark_donated(bool count) {
   if (donated_) return;
-  if (tracked_) account(device_index_, bytes_, false);  // the buffer is gone (it lives on as the output)
+  if (tracked_ && count) account(device_index_, bytes_, false);  // the buffer is gone (it lives on as the output)
   bytes_ = 0;
   donated_ = true;
 }

@@ -16,7 +16,7 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
                                         const std::vector<int64_t>& not_donated) {
   check_device(device);
   ensure_outputs_fit(exe, args, donated, device);
-  return execute_call(exe, args, device, &donated, not_donated, nullptr);
+  return execute_call(exe, args, device, &donated, not_donated);
 }
 
 void Runtime::ensure_outputs_fit(const Executable& exe, const std::vector<BufferPtr>& args,
@@ -26,10 +26,10 @@ void Runtime::ensure_outputs_fit(const Executable& exe, const std::vector<Buffer
   ensure_fits(device, exe.total_output_bytes() - reused, "the program");
 }
 
-std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, const std::vector<BufferPtr>& args, int device,
+std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, std::span<const BufferPtr> args, int device,
                                              const std::vector<int64_t>* donated,
                                              const std::vector<int64_t>& not_donated,
-                                             std::vector<BufferPtr>* pending) {
+                                             std::span<const BufferPtr> pending, QueueHold* hold) {
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
   options.non_donatable_input_indices = not_donated.data();
   options.num_non_donatable_input_indices = not_donated.size();
@@ -58,22 +58,71 @@ std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, const std::v
   // never holds both).
   if (donated)
     for (int64_t i : *donated) args[i]->mark_donated();
-  std::vector<BufferPtr> result;
-  if (pending) {
-    for (size_t i = 0; i < outputs.size(); ++i) (*pending)[i]->buffer_.store(outputs[i], std::memory_order_release);
-    result = *pending;
-  } else {
-    result.reserve(outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i)
-      result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
+  if (hold) {  // a launch: its pending outputs are filled, and its hold is queued
+    for (size_t i = 0; i < outputs.size(); ++i) pending[i]->buffer_.store(outputs[i], std::memory_order_release);
+    hold->mark_launched();
+    enqueue(device, done, std::move(*hold));
+    return {};
   }
-  std::vector<BufferPtr> held = args;
+  std::vector<BufferPtr> result;
+  result.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i)
+    result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
+  std::vector<BufferPtr> held(args.begin(), args.end());
   held.insert(held.end(), result.begin(), result.end());
-  enqueue(device, done, std::move(held));
+  enqueue(device, done, QueueHold(std::move(held), /*launched=*/true));
   return result;
 }
 
-void Runtime::enqueue(int device, PJRT_Event* done, std::vector<BufferPtr> held) {
+QueueHold::QueueHold(std::vector<BufferPtr> buffers, bool launched)
+    : buffers_(std::move(buffers)), launched_(launched) {
+  for (const BufferPtr& b : buffers_) (launched_ ? b->launched_refs_ : b->queued_refs_).fetch_add(1);
+}
+
+QueueHold& QueueHold::operator=(QueueHold&& o) noexcept {
+  if (this != &o) {
+    release();
+    buffers_ = std::move(o.buffers_);
+    launched_ = o.launched_;
+    o.buffers_.clear();
+  }
+  return *this;
+}
+
+void QueueHold::mark_launched() {
+  if (launched_) return;
+  for (const BufferPtr& b : buffers_) {
+    b->queued_refs_.fetch_sub(1);
+    b->launched_refs_.fetch_add(1);
+  }
+  launched_ = true;
+}
+
+void QueueHold::release() {
+  for (const BufferPtr& b : buffers_) (launched_ ? b->launched_refs_ : b->queued_refs_).fetch_sub(1);
+  buffers_.clear();
+}
+
+void Runtime::choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates,
+                               int device, bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept) {
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    retire_ready_locked(device);
+  }
+  for (int64_t x : candidates) {
+    const BufferPtr& b = args[x];
+    // The references, then their counts, launched before queued: counts
+    // only fall early or rise late (QueueHold), so a change between the
+    // reads can only keep a buffer, never donate one an owner holds.
+    long refs = b.use_count();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    long counted = b->launched_refs_.load();
+    if (queued) counted += b->queued_refs_.load();
+    (refs - counted == 1 && !b->donated() ? donated : kept).push_back(x);
+  }
+}
+
+void Runtime::enqueue(int device, PJRT_Event* done, QueueHold held) {
   Pending p{done, std::move(held)};
   std::lock_guard<std::mutex> lock(pending_mutex_);
   auto& queue = pending_[device];
@@ -107,7 +156,7 @@ void Runtime::retire(Pending& p, bool wait) {
   d.event = p.event;
   api_->PJRT_Event_Destroy(&d);
   p.event = nullptr;
-  p.held.clear();
+  p.held.release();
 }
 
 // Executions finish in launch order on a device; the finished prefix goes.
@@ -163,9 +212,9 @@ int64_t Runtime::held_by_queue(int device) {
   int64_t bytes = 0;
   std::lock_guard<std::mutex> lock(pending_mutex_);
   for (const auto& p : pending_[device])
-    for (const auto& b : p.held) refs[b.get()]++;
+    for (const auto& b : p.held.buffers()) refs[b.get()]++;
   for (const auto& p : pending_[device])
-    for (const auto& b : p.held) {
+    for (const auto& b : p.held.buffers()) {
       auto it = refs.find(b.get());
       if (it != refs.end() && b.use_count() == it->second) bytes += b->bytes();
       if (it != refs.end()) refs.erase(it);
@@ -186,7 +235,7 @@ void Runtime::synchronize(int device) {
     for (auto& p : queue) {
       PJRT_Event* ev = p.event;
       p.event = nullptr;
-      p.held.clear();
+      p.held.release();
       try {
         await_and_destroy(ev, "execution");
       } catch (const std::exception& e) {
