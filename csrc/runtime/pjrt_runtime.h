@@ -307,7 +307,8 @@ class Runtime {
   // those whose only references are `args`' own and launched executions'
   // (and, for a program queued on the launch thread, `queued`, queued
   // executions') go to `donated`, the rest to `kept`. Finished executions
-  // let go first; waits neither for queued launches nor for the device.
+  // let go first. Never waits for the device; waits for queued launches
+  // only when not `queued` and they hold a candidate.
   void choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates, int device,
                         bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept);
 

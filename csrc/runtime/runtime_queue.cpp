@@ -105,6 +105,15 @@ void QueueHold::release() {
 
 void Runtime::choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates,
                                int device, bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept) {
+  // An execution made on this thread would run ahead of queued ones: where
+  // one of those holds a candidate, the queue is launched first (its
+  // references then count as launched ones).
+  if (!queued)
+    for (int64_t x : candidates)
+      if (args[x]->queued_refs_.load() > 0) {
+        await_launches();
+        break;
+      }
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     retire_ready_locked(device);
