@@ -231,3 +231,33 @@ def test_storage_resize_frees_and_regrows_keeping_the_prefix():
     assert torch.equal(torch.empty(0, device="tpu").set_(u.untyped_storage(), 0, (4,), (1,)).cpu(), torch.arange(4.0))
     with pytest.raises(NotImplementedError, match="split an element"):
         u.untyped_storage().resize_(6)
+
+
+@cpu_plugin_only
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reads_of_computed_values_in_host_memory(dtype, metrics_delta):
+    # The CPU plugin's buffers are host memory: a ready buffer is copied in
+    # place instead of through the plugin's transfer (a worker thread). The
+    # values must be those of the transfer: computed on the device (not just
+    # uploaded), read whole, as a view and as a scalar.
+    x = make((6, 5), dtype=dtype)
+    t = tpu(x)
+    y = torch.flip(t, [0]) if dtype != torch.bool else ~t
+    ref = torch.flip(x, [0]) if dtype != torch.bool else ~x
+    d0 = metrics_delta()
+    assert torch.equal(y.cpu(), ref)
+    assert torch.equal(y[1:, ::2].cpu(), ref[1:, ::2])
+    assert y[2, 3].item() == ref[2, 3].item()
+    d1 = metrics_delta()
+    assert d1["host_reads_in_place"] - d0["host_reads_in_place"] >= 3
+
+
+def test_a_read_of_a_failed_computation_raises_not_garbage():
+    # The read waits for the buffer to be ready and raises the error that
+    # kept it from being made (here an index out of range, as a device check).
+    x = tpu(make((4,)))
+    bad = tpu(torch.tensor([0, 9]))
+    y = x[bad] * 2
+    with pytest.raises(IndexError):
+        y.cpu()
+    torch.testing.assert_close((x + 1).cpu(), make((4,)) + 1)

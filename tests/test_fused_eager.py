@@ -490,3 +490,33 @@ def test_pipelined_cut_values_and_a_bad_index_after_the_cut_raises_at_the_next_r
         assert got == pytest.approx(_cut_step(base_c, state_c.clone(), good), rel=1e-6)
         with pytest.raises(IndexError, match="index_select"):
             state.sum().item()
+
+
+def _short_step(base, state, before):
+    """Reads v after `before` pairs of ops (plus a clone and a sum); 6 ops after it write `state`."""
+    x = base.clone()
+    for _ in range(before):
+        x = x * 1.01 + 0.1
+    v = x.sum()
+    y = state * 1.0
+    for _ in range(2):
+        y = y * 0.5 + 1.0
+    state.copy_(y)
+    return v.item()
+
+
+@pytest.mark.parametrize("before,cut", [(1, True), (0, False)])
+def test_a_short_trace_is_cut_where_both_parts_have_four_ops(before, cut):
+    # (A small model's step, like the benchmarks' MLP, gains from its cut: the
+    # extra launch is made by the launch thread.)
+    torch.manual_seed(1)
+    base_c, state_c = torch.randn(8), torch.randn(8)
+    base, state = tpu(base_c), tpu(state_c)
+    m0 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(5):
+            assert _short_step(base, state, before) == pytest.approx(_short_step(base_c, state_c, before), rel=1e-6)
+            assert_same(state, state_c)
+        m1 = torch_pjrt.metrics()
+    assert (delta(m0, m1, "fused_pipeline_cuts_learned") >= 1) == cut
+    assert (reasons(m0, m1).get("pipeline", 0) >= 4) == cut

@@ -174,6 +174,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["execute_call_seconds"] = mt.execute_call_seconds.load();
     d["host_to_device_bytes"] = mt.host_to_device_bytes.load();
     d["device_to_host_bytes"] = mt.device_to_host_bytes.load();
+    d["host_reads_in_place"] = mt.host_reads_in_place.load();
     d["device_to_device_bytes"] = mt.device_to_device_bytes.load();
     d["host_waits"] = mt.host_waits.load();
     d["persistent_cache_hits"] = mt.persistent_cache_hits.load();

@@ -31,6 +31,7 @@ struct Metrics {
   std::atomic<double> execute_call_seconds{0.0};
   std::atomic<int64_t> host_to_device_bytes{0};
   std::atomic<int64_t> device_to_host_bytes{0};
+  std::atomic<int64_t> host_reads_in_place{0};  // reads copied from host memory (Runtime::read_in_place)
   std::atomic<int64_t> device_to_device_bytes{0};
   std::atomic<double> compile_seconds{0.0};
   std::atomic<int64_t> host_waits{0};  // times the host blocked on the device
@@ -385,6 +386,9 @@ class Runtime {
     QueueHold held;  // arguments and outputs of the execution
   };
   void await_and_destroy(PJRT_Event* event, const char* what);
+  // Copies a flat buffer that lives in host memory (the CPU plugin's) once
+  // it is ready; false (nothing read) for any other buffer.
+  bool read_in_place(PJRT_Buffer* buffer, void* dst, size_t nbytes);
   // Destroys the event; its error (if any) surfaces again when outputs are read.
   void retire(Pending& p, bool wait);
   void retire_ready_locked(int device);
