@@ -3,7 +3,8 @@
 // queue order. On the CPU plugin that call costs ~0.4-1.2 us per argument and
 // output buffer (a captured GPT step's 256 buffers: ~100-300 us), all of it
 // host time the caller no longer spends. Readers of a pending buffer
-// (Buffer::get), synchronize and donation decisions wait for the launch.
+// (Buffer::get) and synchronize wait for the launch; donation decisions
+// count the queue's references instead (QueueHold).
 #include <pthread.h>
 #include <sched.h>
 
