@@ -380,9 +380,14 @@ bool Runtime::read_in_place(PJRT_Buffer* buffer, void* dst, size_t nbytes) {
     discard(api_, err);
     return false;
   }
+  if (!cpu.is_on_cpu) return false;
   auto dims = PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
   dims.buffer = buffer;
-  if (!cpu.is_on_cpu || api_->PJRT_Buffer_Dimensions(&dims) != nullptr || dims.num_dims > 1) return false;
+  if (PJRT_Error* err = api_->PJRT_Buffer_Dimensions(&dims)) {
+    discard(api_, err);
+    return false;
+  }
+  if (dims.num_dims > 1) return false;
   auto size = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
   size.buffer = buffer;
   if (PJRT_Error* err = api_->PJRT_Buffer_OnDeviceSizeInBytes(&size)) {
