@@ -106,8 +106,8 @@ bool pipeline_on() {
   return on == 1;
 }
 // Each part at least this long: an extra launch costs the host little (the
-// launch thread makes it), and the MLP of the benchmarks (31 ops, its loss
-// at op 9) gains 1.3x from its cut.
+// launch thread makes it), and the benchmarks' MLP step (31 ops) ran 1.3x
+// faster with its cut (0.81x against 0.63x PyTorch CPU, one run).
 constexpr size_t kMinCutOps = 4;
 
 // Learned cuts: by position, the trace's hashes there.
