@@ -109,7 +109,7 @@ std::vector<BufferPtr> Runtime::launch(const ExecutablePtr& exe, std::vector<Buf
   job.exe = exe;
   job.num_args = args.size();
   args.insert(args.end(), result.begin(), result.end());
-  job.hold = QueueHold(std::move(args), /*launched=*/false);
+  job.hold = QueueHold(std::move(args));
   job.device = device;
   job.not_donated = std::move(not_donated);
   Launcher& l = launcher();

@@ -131,7 +131,7 @@ std::vector<std::vector<BufferPtr>> Runtime::execute_replicated(const Executable
       outs.push_back(std::make_shared<Buffer>(api_, outputs[k][j], device, exe.output_bytes(j)));
     std::vector<BufferPtr> held = args[slot[k]];
     held.insert(held.end(), outs.begin(), outs.end());
-    enqueue(device, done[k], QueueHold(std::move(held), /*launched=*/true));
+    enqueue(device, done[k], QueueHold(std::move(held)));
   }
   return result;
 }

@@ -97,13 +97,11 @@ class Buffer {
   std::atomic<PJRT_Buffer*> buffer_;
   std::exception_ptr failed_;  // its launch's error (set under the launcher's lock)
   bool donated_ = false;
-  // References held by executions (QueueHold): launched ones (running or
-  // done, not yet retired), and ones queued on the launch thread. They do
-  // not stop a later execution from donating the buffer: PJRT orders a
-  // donation after the buffer's earlier uses, and the launch thread keeps
-  // queue order (so queued ones count only for a later queued launch).
-  std::atomic<int32_t> launched_refs_{0};
-  std::atomic<int32_t> queued_refs_{0};
+  // References held by executions (QueueHold), queued on the launch thread
+  // or launched (running or done, not yet retired). They do not stop a later
+  // execution from donating the buffer: PJRT orders a donation after the
+  // buffer's earlier uses, and the launch thread keeps queue order.
+  std::atomic<int32_t> queue_refs_{0};
   bool tracked_;
   int device_index_;
   int64_t bytes_;
@@ -113,25 +111,22 @@ using BufferPtr = std::shared_ptr<Buffer>;
 // What an execution holds (its arguments and outputs) while queued on the
 // launch thread or launched, counted on each buffer so that donation
 // decisions can tell these references from an owner's
-// (Runtime::choose_donations). A count goes down before its reference does
-// (and the queued count before the launched one goes up), so a concurrent
-// reader can only see too few counted references, never too many.
+// (Runtime::choose_donations). Made on the thread that launches (which also
+// decides donations); the launch thread only moves it from the queued job to
+// the launched execution. A count goes down before its reference does, so a
+// concurrent reader can only see too few counted references, never too many.
 class QueueHold {
  public:
   QueueHold() = default;
-  QueueHold(std::vector<BufferPtr> buffers, bool launched);
-  QueueHold(QueueHold&& o) noexcept : buffers_(std::move(o.buffers_)), launched_(o.launched_) {
-    o.buffers_.clear();
-  }
+  explicit QueueHold(std::vector<BufferPtr> buffers);
+  QueueHold(QueueHold&& o) noexcept : buffers_(std::move(o.buffers_)) { o.buffers_.clear(); }
   QueueHold& operator=(QueueHold&& o) noexcept;
   ~QueueHold() { release(); }
   const std::vector<BufferPtr>& buffers() const { return buffers_; }
-  void mark_launched();  // a queued execution's plugin call was made
   void release();
 
  private:
   std::vector<BufferPtr> buffers_;
-  bool launched_ = false;
 };
 
 class Executable {
@@ -305,11 +300,11 @@ class Runtime {
   // -1: all devices. Never waits.
   void release_finished(int device);
   // Of `candidates` (indices into `args`, inputs a program may overwrite),
-  // those whose only references are `args`' own and launched executions'
-  // (and, for a program queued on the launch thread, `queued`, queued
-  // executions') go to `donated`, the rest to `kept`. Finished executions
-  // let go first. Never waits for the device; waits for queued launches
-  // only when not `queued` and they hold a candidate.
+  // those whose only references are `args`' own and executions' (QueueHold)
+  // go to `donated`, the rest to `kept`. A program not `queued` on the launch
+  // thread would run ahead of what is queued there, so where a candidate is
+  // held by an execution, the queue is launched first. Finished executions
+  // let go first. Never waits for the device.
   void choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates, int device,
                         bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept);
 

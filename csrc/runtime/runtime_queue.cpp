@@ -60,7 +60,6 @@ std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, std::span<co
     for (int64_t i : *donated) args[i]->mark_donated();
   if (hold) {  // a launch: its pending outputs are filled, and its hold is queued
     for (size_t i = 0; i < outputs.size(); ++i) pending[i]->buffer_.store(outputs[i], std::memory_order_release);
-    hold->mark_launched();
     enqueue(device, done, std::move(*hold));
     return {};
   }
@@ -70,47 +69,36 @@ std::vector<BufferPtr> Runtime::execute_call(const Executable& exe, std::span<co
     result.push_back(std::make_shared<Buffer>(api_, outputs[i], device, exe.output_bytes(i)));
   std::vector<BufferPtr> held(args.begin(), args.end());
   held.insert(held.end(), result.begin(), result.end());
-  enqueue(device, done, QueueHold(std::move(held), /*launched=*/true));
+  enqueue(device, done, QueueHold(std::move(held)));
   return result;
 }
 
-QueueHold::QueueHold(std::vector<BufferPtr> buffers, bool launched)
-    : buffers_(std::move(buffers)), launched_(launched) {
-  for (const BufferPtr& b : buffers_) (launched_ ? b->launched_refs_ : b->queued_refs_).fetch_add(1);
+QueueHold::QueueHold(std::vector<BufferPtr> buffers) : buffers_(std::move(buffers)) {
+  for (const BufferPtr& b : buffers_) b->queue_refs_.fetch_add(1);
 }
 
 QueueHold& QueueHold::operator=(QueueHold&& o) noexcept {
   if (this != &o) {
     release();
     buffers_ = std::move(o.buffers_);
-    launched_ = o.launched_;
     o.buffers_.clear();
   }
   return *this;
 }
 
-void QueueHold::mark_launched() {
-  if (launched_) return;
-  for (const BufferPtr& b : buffers_) {
-    b->queued_refs_.fetch_sub(1);
-    b->launched_refs_.fetch_add(1);
-  }
-  launched_ = true;
-}
-
 void QueueHold::release() {
-  for (const BufferPtr& b : buffers_) (launched_ ? b->launched_refs_ : b->queued_refs_).fetch_sub(1);
+  for (const BufferPtr& b : buffers_) b->queue_refs_.fetch_sub(1);
   buffers_.clear();
 }
 
 void Runtime::choose_donations(const std::vector<BufferPtr>& args, const std::vector<int64_t>& candidates,
                                int device, bool queued, std::vector<int64_t>& donated, std::vector<int64_t>& kept) {
   // An execution made on this thread would run ahead of queued ones: where
-  // one of those holds a candidate, the queue is launched first (its
-  // references then count as launched ones).
+  // an execution holds a candidate, the queue is launched first (as it
+  // holds the device lock, nothing is queued again before this one runs).
   if (!queued)
     for (int64_t x : candidates)
-      if (args[x]->queued_refs_.load() > 0) {
+      if (args[x]->queue_refs_.load() > 0) {
         await_launches();
         break;
       }
@@ -120,13 +108,12 @@ void Runtime::choose_donations(const std::vector<BufferPtr>& args, const std::ve
   }
   for (int64_t x : candidates) {
     const BufferPtr& b = args[x];
-    // The references, then their counts, launched before queued: counts
-    // only fall early or rise late (QueueHold), so a change between the
-    // reads can only keep a buffer, never donate one an owner holds.
+    // The references, then their count: a count falls before its reference
+    // goes, so an execution finishing between the two reads can only make
+    // this keep a buffer, never donate one an owner holds.
     long refs = b.use_count();
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    long counted = b->launched_refs_.load();
-    if (queued) counted += b->queued_refs_.load();
+    long counted = b->queue_refs_.load();
     (refs - counted == 1 && !b->donated() ? donated : kept).push_back(x);
   }
 }
