@@ -4,7 +4,7 @@
 // host reads.
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
+#include <unordered_set>
 
 #include "runtime/pjrt_runtime.h"
 #include "runtime/pjrt_util.h"
@@ -202,19 +202,15 @@ void Runtime::drain(int device) {
 }
 
 int64_t Runtime::held_by_queue(int device) {
-  // Buffers whose only owners are queue entries (no tensor holds them).
+  // Buffers whose only owners are executions (their QueueHold count is all
+  // their references), each counted once.
   await_launches();
-  std::unordered_map<const Buffer*, long> refs;
+  std::unordered_set<const Buffer*> seen;
   int64_t bytes = 0;
   std::lock_guard<std::mutex> lock(pending_mutex_);
   for (const auto& p : pending_[device])
-    for (const auto& b : p.held.buffers()) refs[b.get()]++;
-  for (const auto& p : pending_[device])
-    for (const auto& b : p.held.buffers()) {
-      auto it = refs.find(b.get());
-      if (it != refs.end() && b.use_count() == it->second) bytes += b->bytes();
-      if (it != refs.end()) refs.erase(it);
-    }
+    for (const auto& b : p.held.buffers())
+      if (seen.insert(b.get()).second && b.use_count() == b->queue_refs_.load()) bytes += b->bytes();
   return bytes;
 }
 
