@@ -50,8 +50,11 @@ def test_constants_are_not_counted_as_tensor_memory():
 def test_view_offsets_read_right_and_repeat_without_transfers():
     base_cpu = torch.arange(64, dtype=torch.float32)
     base = base_cpu.to("tpu")
-    for i in range(60):
-        torch.testing.assert_close(base[i:i + 4].mul(2).cpu(), base_cpu[i:i + 4] * 2, rtol=0, atol=0)
+    # Twice: the table starts again when full (kMaxEntries), which earlier
+    # tests in this process may make happen during the first pass.
+    for _ in range(2):
+        for i in range(60):
+            torch.testing.assert_close(base[i:i + 4].mul(2).cpu(), base_cpu[i:i + 4] * 2, rtol=0, atol=0)
     before = h2d()
     outs = [base[i:i + 4].mul(2) for i in range(60)]
     assert h2d() == before
