@@ -109,10 +109,12 @@ def token_times(mode, tokens, cache):
     return out
 
 
-def compile_growth(mode, tokens, cache):
-    """Programs compiled and compile seconds after 10/25/50/100 tokens, in a fresh process."""
+def compile_growth(mode, tokens, cache, compile_policy="auto"):
+    """Programs compiled and compile seconds after 10/25/50/100 tokens, in a
+    fresh process; then two more generate calls of the same length (a server's
+    next requests): seconds, programs compiled, fused programs compiled each."""
     code = f"""
-import json, sys
+import contextlib, json, sys, time
 sys.path.insert(0, {os.path.join(ROOT, 'examples')!r})
 import torch, torch_pjrt, tiny_llama
 marks = {{10, 25, 50, {tokens}}}
@@ -122,16 +124,22 @@ def on_token(i):
         m = torch_pjrt.metrics()
         rows[i + 1] = [m["xla_compiles"], m["compile_seconds"], m["fused_programs_compiled"]]
 model = tiny_llama.build().to("tpu")
-if {mode == 'fused'}:
-    with torch_pjrt.fused():
-        tiny_llama.generate(model, tiny_llama.prompt(), {tokens}, cache={cache!r}, on_token=on_token)
-else:
+later = []
+with torch_pjrt.fused() if {mode == 'fused'} else contextlib.nullcontext():
     tiny_llama.generate(model, tiny_llama.prompt(), {tokens}, cache={cache!r}, on_token=on_token)
-print(json.dumps(rows))
+    for call in range(2):
+        m0, t0 = torch_pjrt.metrics(), time.perf_counter()
+        tiny_llama.generate(model, tiny_llama.prompt(), {tokens}, cache={cache!r}).cpu()
+        m1 = torch_pjrt.metrics()
+        later.append([time.perf_counter() - t0, m1["xla_compiles"] - m0["xla_compiles"],
+                      m1["fused_programs_compiled"] - m0["fused_programs_compiled"]])
+print(json.dumps({{"rows": rows, "later": later}}))
 """
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR="", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR="", TORCH_PJRT_FUSED_COMPILE=compile_policy,
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return {int(k): v for k, v in out["rows"].items()}, out["later"]
 
 
 def table(head, rows, markdown):
@@ -212,14 +220,21 @@ def main():
     table(["mode", "per token (ms)", "speed vs cpu", "same tokens as cpu"], rows, args.markdown)
 
     if not args.skip_growth:
-        rows = []
+        rows, later = [], []
         for cache in ("double", "cat"):
             for mode in ("strict", "fused"):
-                g = compile_growth(mode, args.tokens, cache)
+                g, again = compile_growth(mode, args.tokens, cache)
                 rows.append([cache, mode] + [f"{g[n][0]} / {g[n][1]:.1f} s / {g[n][2]}" for n in sorted(g)])
+                later.append([cache, mode] + [f"{s:.2f} s / {c} / {f}" for s, c, f in again])
+        _, again = compile_growth("fused", args.tokens, "cat", compile_policy="second")
+        later.append(["cat", "fused, TORCH_PJRT_FUSED_COMPILE=second"] + [f"{s:.2f} s / {c} / {f}" for s, c, f in again])
         marks = sorted(g)
         print("Programs compiled / compile seconds / of which fused, fresh process, no persistent cache:")
         table(["KV cache", "mode"] + [f"after {n} tokens" for n in marks], rows, args.markdown)
+        print(f"The same process's next two generate calls of {args.tokens} tokens: seconds / programs compiled / "
+              "of which fused (a trace back only after many others runs op by op until that has cost about "
+              "its compile):")
+        table(["KV cache", "mode", "2nd call", "3rd call"], later, args.markdown)
 
     m0 = torch_pjrt.metrics()
     train_times("gpt", "fused", args.steps)

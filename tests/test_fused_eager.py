@@ -294,6 +294,57 @@ def test_generation_kv_cache_bounded_compiles():
     assert marks[23] == marks[17]
 
 
+def _grown(x, n):
+    # A trace whose shapes depend on n (as a cache that grows by one position
+    # per token): another structure for every n. Read on the host at its end.
+    y = torch.cat((x, x[:n] * 2.0)).sin() + 1.0
+    return (y * y).sum().item(), y
+
+
+def test_a_trace_back_only_after_many_others_is_not_compiled_at_once():
+    """Nine traces in a cycle (each comes back after eight others, as each
+    token's trace of a generate call whose cache grows one position a token
+    comes back in the next call): the second cycle runs them op by op instead
+    of compiling nine programs; a trace back at once compiles at its second
+    sighting; the cold ones compile once their op-by-op runs have taken about
+    as long as their compiles are expected to. Values equal CPU's throughout."""
+    x = make((16,), seed=5)
+    xt = tpu(x)
+    sizes = range(2, 11)
+    want = {n: _grown(x, n) for n in sizes}
+
+    def cycle():
+        for n in sizes:
+            s, y = _grown(xt, n)
+            assert s == pytest.approx(want[n][0], rel=1e-5)
+            assert_same(y, want[n][1])
+
+    with torch_pjrt.fused():
+        m0 = metrics()
+        cycle()
+        cycle()
+        m1 = metrics()
+        assert delta(m0, m1, "fused_programs_compiled") == 0
+        assert delta(m0, m1, "fused_deferred_compiles") == len(sizes)
+        # A tight loop: the same trace twice in a row.
+        _grown(xt, 12)
+        _grown(xt, 12)
+        m2 = metrics()
+        assert delta(m1, m2, "fused_programs_compiled") == 1
+        assert delta(m1, m2, "fused_deferred_compiles") == 0
+        # Rent or buy: the cold traces compile in the end (each run op by op
+        # costs ~0.1 ms of host time here, a compile ~1-10 ms per op).
+        for rounds in range(20000):
+            if delta(m2, torch_pjrt.metrics(), "fused_programs_compiled") >= len(sizes):
+                break
+            for n in sizes:
+                _grown(xt, n)
+        m3 = metrics()
+        assert delta(m2, m3, "fused_programs_compiled") == len(sizes), rounds
+        cycle()
+        assert delta(m3, metrics(), "fused_cache_hits") == len(sizes)
+
+
 def test_env_setting_and_size_bound():
     code = """
 import torch, torch_pjrt

@@ -144,6 +144,39 @@ void after_op() {
   }
 }
 
+// When a trace seen before gets its fused program. One that comes back
+// within a few flushes is in a tight loop (a training step, a decode step
+// over a fixed-size cache, a few reads per step) and is compiled at its
+// second sighting. One that comes back only after many others may never pay
+// a compile back: with Hugging Face's generate and its cache that grows by
+// one position per token, each token's trace is new and seen again only in
+// the next generate call, and compiling them there made a tiny Llama's second
+// call of 16 tokens take 20 s (one compile per token) against 0.6 s op by
+// op. Such a trace runs op by op until those runs have taken as long as its
+// compile is expected to (rent or buy: at most about twice the cost of the
+// better choice in hindsight), the expected compile time being the measured
+// compile time per op of this process's fused programs so far.
+constexpr int64_t kHotGap = 8;  // flushes from one sighting to the next
+constexpr double kCompileSecondsPerOp = 0.01;  // until a compile has been measured
+
+double expected_compile_seconds(size_t ops) {
+  double per_op = g_stats.compiled_ops > 0 ? g_stats.compile_seconds / static_cast<double>(g_stats.compiled_ops)
+                                           : kCompileSecondsPerOp;
+  return per_op * static_cast<double>(ops);
+}
+
+// TORCH_PJRT_FUSED_COMPILE=second: every trace at its second sighting.
+bool compile_at_second() {
+  static bool on = env_choice("TORCH_PJRT_FUSED_COMPILE", "auto", {"auto", "second"}) == "second";
+  return on;
+}
+
+bool compile_due(const Trace& t, const Entry& e, int64_t gap) {
+  if (e.seen < 1 || e.exe || e.failed) return false;
+  return capturing() || gap <= kHotGap || compile_at_second() ||
+         e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
+}
+
 int64_t max_entries() {
   static int64_t n = env_int("TORCH_PJRT_FUSED_CACHE_ENTRIES", 1024);
   return n;
@@ -647,17 +680,21 @@ void fused_flush(const char* reason) {
   };
 
   std::shared_ptr<Entry> e = find_or_add(t);
+  int64_t gap = e->last_flush < 0 ? -1 : g_stats.flushes - e->last_flush;
+  e->last_flush = g_stats.flushes;
+  bool due = compile_due(t, *e, gap);
   // Seen before: it will be cut from now on, so its whole program would not
   // be used (compiled all the same if the cut is never reached).
   bool cut = !e->failed && e->seen >= 1 && learn_cut(t, *e, wanted);
-  if (!e->exe && !e->failed && e->seen >= 1 && !cut) {
-    // Seen before: this trace repeats, so its fused program pays off.
+  if (due && !cut) {
+    // This trace repeats, so its fused program pays off.
     auto start = std::chrono::steady_clock::now();
     try {
       e->exe = compile_program(fused_text(t, outputs, aliases),
                                "fused eager trace of " + std::to_string(t.ops.size()) + " ops");
       e->aliases = aliases;
       g_stats.programs_compiled++;
+      g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
     } catch (const std::exception& err) {
       e->failed = true;
       g_stats.compile_failures++;
@@ -682,9 +719,12 @@ void fused_flush(const char* reason) {
     }
   }
   g_stats.op_by_op_runs++;
+  if (e->seen >= 2 && !e->exe && !e->failed && !cut) g_stats.deferred_compiles++;
   std::vector<runtime::BufferPtr> values(t.next_value);
+  auto start = std::chrono::steady_clock::now();
   try {
     run_op_by_op(t, values, outputs, why);
+    e->op_by_op_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (...) {
     std::vector<runtime::BufferPtr> done;
     for (int32_t v : outputs) done.push_back(values[v]);

@@ -85,7 +85,11 @@ struct FusedStats {
   int64_t donated_buffers = 0, not_donated_buffers = 0, donated_bytes = 0;
   int64_t programs_recorded = 0;  // compiled graphs recorded as one step of a trace
   int64_t pipeline_cuts_learned = 0;  // traces cut in two from their next sighting (pipelined flushes)
+  // Sightings of a trace seen before that still ran op by op: it does not
+  // recur in a tight loop and has not yet spent its compile time op by op.
+  int64_t deferred_compiles = 0;
   double compile_seconds = 0;
+  int64_t compiled_ops = 0;  // ops in the fused programs compiled (compile_seconds per op)
   std::map<std::string, int64_t> flushes_by_reason;
 };
 FusedStats fused_stats();

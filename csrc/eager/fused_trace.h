@@ -78,6 +78,10 @@ struct Entry {
   int seen = 0;
   bool failed = false;  // the fused program did not compile: op by op
   bool cut_learned = false;  // a pipelined cut was learned from it
+  // When to compile (fused.cpp, compile_due): the flush count at its last
+  // sighting, and the host time its op-by-op runs have taken.
+  int64_t last_flush = -1;
+  double op_by_op_seconds = 0;
 };
 
 // Runs `t` as the entry's fused program; the first n_outputs results are the

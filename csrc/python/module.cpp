@@ -211,6 +211,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["fused_compile_seconds"] = fs.compile_seconds;
     d["fused_cache_hits"] = fs.cache_hits;
     d["fused_op_by_op_runs"] = fs.op_by_op_runs;
+    d["fused_deferred_compiles"] = fs.deferred_compiles;
     d["fused_compile_failures"] = fs.compile_failures;
     d["fused_cache_size"] = fs.cache_size;
     d["fused_dead_traces"] = fs.dead_traces;
