@@ -571,3 +571,30 @@ def test_a_short_trace_is_cut_where_both_parts_have_four_ops(before, cut):
         m1 = torch_pjrt.metrics()
     assert (delta(m0, m1, "fused_pipeline_cuts_learned") >= 1) == cut
     assert (reasons(m0, m1).get("pipeline", 0) >= 4) == cut
+
+
+def _narrow_then_wide(a, b):
+    # Each bf16 result is rounded to bf16 before it is widened (as PyTorch
+    # does op by op), also inside one fused program.
+    out = torch.empty(a.shape, dtype=torch.float32, device=a.device)
+    out.copy_(a * b)
+    return [(a * b).float(), (a / b).float(), (a + b).float() * 1.0, out,
+            torch.addcdiv(a.float(), a, b, value=0.5)]
+
+
+def test_bf16_results_are_rounded_inside_a_fused_program():
+    a = make((64,), seed=6).bfloat16()
+    b = make((64,), seed=7).bfloat16()
+    want = _narrow_then_wide(a, b)
+    at, bt = tpu(a), tpu(b)
+    m0 = metrics()
+    for _ in range(3):  # op by op, then the compiled trace twice
+        with torch_pjrt.fused():
+            got = _narrow_then_wide(at, bt)
+        for g, w in zip(got, want):
+            assert torch.equal(g.cpu(), w)
+    assert delta(m0, metrics(), "fused_cache_hits") >= 1
+    # A compiled graph too (not addcdiv: its decomposition divides in bf16).
+    compiled = torch.compile(_narrow_then_wide, backend="tpu")
+    for g, w in list(zip(compiled(at, bt), want))[:4]:
+        assert torch.equal(g.cpu(), w)

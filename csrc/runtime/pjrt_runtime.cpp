@@ -171,6 +171,19 @@ int configured_max_inflight() {
                                             "queued executions per device, got '") + v + "'");
   return static_cast<int>(n);
 }
+// XLA may skip a rounding to a narrower float type when it fuses
+// (`xla_allow_excess_precision`, on by default): `(a * b).float()` on bf16
+// tensors would then keep the f32 product. PyTorch rounds each op's result
+// to its dtype, and fused eager traces and compiled graphs must give what
+// strict eager gives, so the plugin reads the flag off before it is loaded,
+// unless XLA_FLAGS already sets it.
+void keep_each_rounding() {
+  const char* flags = std::getenv("XLA_FLAGS");
+  std::string v = flags ? flags : "";
+  if (v.find("xla_allow_excess_precision") != std::string::npos) return;
+  v += (v.empty() ? "" : " ") + std::string("--xla_allow_excess_precision=false");
+  ::setenv("XLA_FLAGS", v.c_str(), 1);
+}
 }  // namespace
 
 bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
@@ -180,6 +193,7 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
   if (instance()) return;
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { ::pthread_atfork(nullptr, nullptr, &on_fork_child); });
+  keep_each_rounding();
   // Never dlclose: plugins keep threads and static state alive.
   void* handle = ::dlopen(plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle)
@@ -492,6 +506,11 @@ std::string Runtime::cache_identity() const {
   for (const auto& [k, v] : info_.attributes) s += "attribute." + one_line(k) + "=" + one_line(v) + "\n";
   s += "devices=" + std::to_string(devices_.size()) + " x " + one_line(device_kind(0)) + "\n";
   s += "host_cpu=" + one_line(host_cpu_description()) + "\n";
+  // The compiler's flags change what a program compiles to.
+  for (const char* env : {"XLA_FLAGS", "LIBTPU_INIT_ARGS"}) {
+    const char* v = std::getenv(env);
+    s += std::string(env) + "=" + one_line(v ? v : "") + "\n";
+  }
   return s;
 }
 
