@@ -324,3 +324,27 @@ def test_isin_nan_and_eos_check(no_cpu_fallback):
     # generate()'s stopping check: last tokens against the end-of-sequence ids.
     tokens, eos = torch.tensor([[5, 2], [7, 0]]), torch.tensor([0, 2])
     assert_same(torch.isin(tpu(tokens)[:, -1], tpu(eos)), torch.isin(tokens[:, -1], eos))
+
+
+def test_bool_times_inf_and_nan_is_nan_where_false():
+    # False * inf is 0 * inf = nan on CPU; False * -2 is -0.0.
+    m = torch.tensor([False, True, False, True])
+    for other in (float("inf"), float("nan"), -2.0, torch.tensor([float("inf"), 2.0, -3.0, float("-inf")])):
+        want = m * other
+        got = (tpu(m) * (tpu(other) if isinstance(other, torch.Tensor) else other)).cpu()
+        assert torch.equal(torch.signbit(got), torch.signbit(want)) or want.isnan().any()
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_floor_division_follows_pytorch_at_the_edges(dtype):
+    # Infinite divisors (-3 // inf is -1, as in Python), signed zeros, zero
+    # divisors, exact and inexact quotients, NaN.
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([-3.0, 3.0, 0.0, -0.0, -0.5, 7.0, -7.0, 5.0, -5.0, 1e-30, inf, nan, 6.0, -6.0, 2.5], dtype=dtype)
+    d = torch.tensor([inf, inf, -inf, inf, -inf, 2.0, 2.0, 0.0, 0.0, -3.0, 2.0, 1.0, -3.0, 3.0, 0.1], dtype=dtype)
+    for got, want in ((tpu(a).div(tpu(d), rounding_mode="floor"), a.div(d, rounding_mode="floor")),
+                      (tpu(a) // tpu(d), a // d), (tpu(a).div(inf, rounding_mode="floor"), a.div(inf, rounding_mode="floor"))):
+        got = got.cpu()
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(got[~want.isnan()]), torch.signbit(want[~want.isnan()]))

@@ -255,3 +255,17 @@ def test_l1_and_kl_div_run_lowered(dtype, metrics_delta):
     p[0, 0] = 0  # xlogy(0, 0) = 0
     check(lambda x, t: torch.nn.functional.kl_div(x, t, reduction="batchmean"), logp, p)
     assert metrics_delta()["cpu_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.25, float("nan")])
+def test_binary_cross_entropy_rejects_inputs_outside_0_1(bad):
+    # CPU raises RuntimeError; tpu raises it at the next read (the value is
+    # checked on the device), never returns a loss.
+    x = torch.tensor([0.5, bad, 0.25])
+    t = torch.tensor([1.0, 1.0, 0.0])
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(x, t)
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(tpu(x), tpu(t)).item()
+    ok = torch.tensor([0.0, 1.0, 0.25])
+    assert_same(F.binary_cross_entropy(tpu(ok), tpu(t)), F.binary_cross_entropy(ok, t))

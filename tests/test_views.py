@@ -111,3 +111,43 @@ def test_dtype_views_reinterpret_bytes():
     t = tpu(x)
     t.view(torch.int32).add_(1)
     assert torch.equal(t.cpu(), (x.view(torch.int32) + 1).view(torch.float32))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.expand(3, 5).zero_(), lambda x: x.expand(3, 5).fill_(2.5),
+                                lambda x: x.unsqueeze(1).expand(5, 4).fill_(-1.0)])
+def test_fill_and_zero_on_expanded_views_as_cpu(fn):
+    # CPU allows them (one value written everywhere); other in-place ops raise.
+    x = make((5,))
+    xt = tpu(x)
+    fn(x)
+    fn(xt)
+    assert_same(xt, x)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        tpu(make((5,))).expand(3, 5).add_(1)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[1:].copy_(x[:-1]),
+    lambda x: x[1:].add_(x[:-1]),
+    lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    lambda x: x.view(2, 4).index_put_((torch.tensor([1], device=x.device),), x.view(2, 4)[0]),
+    lambda x: torch.mul(x[2:], x[:-2], out=x[1:7]),
+])
+def test_partial_overlap_of_input_and_output_raises_as_on_cpu(fn):
+    x = torch.arange(8.0)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        fn(x)
+    xt = tpu(torch.arange(8.0))
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        fn(xt)
+    assert_same(xt, torch.arange(8.0))  # nothing written
+
+
+def test_full_and_no_overlap_in_one_storage_still_run():
+    for fn in (lambda x: x.add_(x), lambda x: x[:4].add_(x[4:]), lambda x: x[::2].mul_(x[1::2]),
+               lambda x: torch.add(x[4:], 1, out=x[:4]), lambda x: x.copy_(x)):
+        x = torch.arange(8.0)
+        xt = tpu(x)
+        fn(x)
+        fn(xt)
+        assert_same(xt, x)

@@ -272,6 +272,20 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   slot = std::move(st);
   return *slot;
 }
+// A tensor the op writes that partially overlaps one it reads (x[1:] += x[:-1],
+// x[1:].copy_(x[:-1]), add(out=) over its input) raises PyTorch's own error,
+// as CPU's kernels do: a program reads all inputs before it writes, so it
+// would give another answer than CPU's element-by-element loop. Per call:
+// storage offsets are not part of the program's key.
+void check_partial_overlap(const OpInstance& inst, const c10::FunctionSchema& schema) {
+  if (inst.foreach || inst.storages.size() >= inst.slots.size()) return;  // no storage shared
+  for (const Slot& w : inst.slots) {
+    const auto* alias = schema.arguments()[w.arg_index].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    for (const Slot& r : inst.slots)
+      if (&r != &w && r.storage == w.storage && !r.pure_output) at::assert_no_partial_overlap(w.tensor, r.tensor);
+  }
+}
 }  // namespace
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -312,6 +326,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 
   describe(inst, schema, args);
+  check_partial_overlap(inst, schema);
   c10::OptionalDeviceGuard guard;
   if (inst.device >= 0)
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));

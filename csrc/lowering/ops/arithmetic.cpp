@@ -25,6 +25,16 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
 std::vector<Value> mul(LoweringContext& ctx) {
   DType dt = compute_dtype(ctx, "self", "other");
   const Shape& shape = ctx.out().shape;
+  if (dt != DType::Bool && (is_float(dt) || is_complex(dt))) {
+    // A bool factor as select(p, x, x * 0): XLA rewrites convert(p) * x into
+    // select(p, x, 0), which loses False * inf = nan (and -0.0).
+    for (const auto& [flag, other] : {std::pair{"self", "other"}, std::pair{"other", "self"}}) {
+      if (ctx.promotion(flag).dtype != DType::Bool || ctx.promotion(other).dtype == DType::Bool) continue;
+      Value p = ctx.b.broadcast_to(ctx.operand(flag, DType::Bool), shape);
+      Value x = operand_as(ctx, other, dt, shape);
+      return {ctx.b.select(p, x, ctx.b.binary("multiply", x, splat_like(ctx.b, 0, x)))};
+    }
+  }
   Value a = operand_as(ctx, "self", dt, shape), o = operand_as(ctx, "other", dt, shape);
   return {ctx.b.binary(dt == DType::Bool ? "and" : "multiply", a, o)};
 }

@@ -28,7 +28,24 @@ std::vector<Value> float_unary(LoweringContext& ctx,
 Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
 
 Value floor_divide(Builder& b, const Value& a, const Value& d) {
-  if (is_float(a.dtype())) return b.unary("floor", b.binary("divide", a, d));
+  if (is_float(a.dtype())) {
+    // PyTorch's div_floor_floating, not floor(a / d): the quotient of what
+    // fmod leaves, one less where the signs differ (-3 // inf is -1, as in
+    // Python), rounded to the nearest integer, a signed zero when it is 0,
+    // and IEEE's a / d for a zero divisor.
+    Value zero = splat_like(b, 0, a), one = splat_like(b, 1, a);
+    Value q = b.binary("divide", a, d);
+    Value mod = b.binary("remainder", a, d);
+    Value div = b.binary("divide", b.binary("subtract", a, mod), d);
+    Value signs_differ = b.compare(Cmp::NE, b.compare(Cmp::LT, d, zero), b.compare(Cmp::LT, mod, zero));
+    Value adjust = b.binary("and", b.compare(Cmp::NE, mod, zero), signs_differ);
+    div = b.select(adjust, b.binary("subtract", div, one), div);
+    Value fl = b.unary("floor", div);
+    fl = b.select(b.compare(Cmp::GT, b.binary("subtract", div, fl), splat_like(b, 0.5, a)), b.binary("add", fl, one), fl);
+    Value signed_zero = b.binary("multiply", zero, q);
+    Value r = b.select(b.compare(Cmp::NE, div, zero), fl, signed_zero);
+    return b.select(b.compare(Cmp::EQ, d, zero), q, r);
+  }
   // Integer: truncating division, minus one where the signs differ and it is inexact.
   Value q = b.binary("divide", a, d);
   if (is_unsigned(a.dtype()) || a.dtype() == DType::Bool) return q;

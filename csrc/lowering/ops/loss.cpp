@@ -209,6 +209,9 @@ std::vector<Value> binary_cross_entropy(LoweringContext& ctx) {
   DType acc = math_dtype(ctx.out().dtype);
   Shape s = loss_shape(ctx);
   Value x = input(ctx, "self", acc, s), t = input(ctx, "target", acc, s);
+  // CPU rejects inputs outside [0, 1] (NaN too).
+  ctx.check_all(b.binary("and", b.compare(Cmp::GE, x, splat_like(b, 0, x)), b.compare(Cmp::LE, x, splat_like(b, 1, x))),
+                "all elements of input should be between 0 and 1", LoweringContext::CheckError::Runtime);
   Value floor = splat_like(b, -100.0, x);
   Value log_x = b.binary("maximum", b.unary("log", x), floor);
   Value log_1mx = b.binary("maximum", b.unary("log_plus_one", b.unary("negate", x)), floor);
