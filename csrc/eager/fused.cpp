@@ -171,8 +171,8 @@ bool compile_at_second() {
   return on;
 }
 
+// For a trace seen before with no program yet (and none that failed).
 bool compile_due(const Trace& t, const Entry& e, int64_t gap) {
-  if (e.seen < 1 || e.exe || e.failed) return false;
   return capturing() || gap <= kHotGap || compile_at_second() ||
          e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
 }
@@ -682,7 +682,8 @@ void fused_flush(const char* reason) {
   std::shared_ptr<Entry> e = find_or_add(t);
   int64_t gap = e->last_flush < 0 ? -1 : g_stats.flushes - e->last_flush;
   e->last_flush = g_stats.flushes;
-  bool due = compile_due(t, *e, gap);
+  bool repeat = e->seen >= 1 && !e->exe && !e->failed;
+  bool due = repeat && compile_due(t, *e, gap);
   // Seen before: it will be cut from now on, so its whole program would not
   // be used (compiled all the same if the cut is never reached).
   bool cut = !e->failed && e->seen >= 1 && learn_cut(t, *e, wanted);
@@ -719,7 +720,7 @@ void fused_flush(const char* reason) {
     }
   }
   g_stats.op_by_op_runs++;
-  if (e->seen >= 2 && !e->exe && !e->failed && !cut) g_stats.deferred_compiles++;
+  if (repeat && !due && !cut) g_stats.deferred_compiles++;
   std::vector<runtime::BufferPtr> values(t.next_value);
   auto start = std::chrono::steady_clock::now();
   try {
