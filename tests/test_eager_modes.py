@@ -153,3 +153,30 @@ def test_execute_floor_times_a_program_and_rejects_views():
     base = torch.ones(8, device="tpu")
     with pytest.raises(ValueError, match="whole contiguous tpu tensors"):
         torch_pjrt._state.C.execute_floor(text, [base[2:6]], 10)
+
+
+def test_time_program_chain_feeds_each_calls_outputs_to_the_next():
+    # benchmarks/capture_vs_jax.py runs JAX's step program this way: aliased
+    # inputs donated, outputs fed back. After 5 calls of (x + 1, x * y) the
+    # arguments hold CPU's values of 5 steps; an out-of-range alias raises
+    # before any call.
+    import torch_pjrt
+    text = """module @chain {
+  func.func public @main(%x: tensor<4xf32> {tf.aliasing_output = 1 : i32}, %y: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+    %n = "stablehlo.add"(%x, %one) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    %p = "stablehlo.multiply"(%x, %y) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    "func.return"(%p, %n) : (tensor<4xf32>, tensor<4xf32>) -> ()
+  }
+}
+"""
+    x0 = torch.tensor([0.5, -1.0, 2.0, 3.0])
+    y = torch.tensor([2.0, 3.0, -1.0, 0.5])
+    x, yt = x0.to("tpu"), y.to("tpu")
+    times = torch_pjrt._state.C.time_program_chain(text, [x, yt], [(0, 1)], 5)
+    assert len(times) == 5 and all(t > 0 for t in times)
+    torch.testing.assert_close(x.cpu(), x0 + 5)
+    torch.testing.assert_close(yt.cpu(), y)
+    with pytest.raises(IndexError, match="output 7 out of range"):
+        torch_pjrt._state.C.time_program_chain(text, [x, yt], [(0, 7)], 1)
+    torch.testing.assert_close(x.cpu(), x0 + 5)  # checked before any call: nothing donated

@@ -254,6 +254,57 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
         return seconds / static_cast<double>(n);
       },
       py::arg("text"), py::arg("args"), py::arg("n"), py::arg("on_launch_thread") = false);
+  // Seconds of each of `n` calls of the program `text` run as a training loop
+  // runs it: each call donates the inputs the program aliases (`aliases`:
+  // (input, output) pairs), its outputs become the next call's inputs, and
+  // the call waits for the device. Afterwards the argument tensors hold the
+  // last call's values. How benchmarks/capture_vs_jax.py runs JAX's own step
+  // program on this runtime, as JAX's client runs it.
+  m.def(
+      "time_program_chain",
+      [](const std::string& text, const std::vector<at::Tensor>& args,
+         const std::vector<std::pair<int64_t, int64_t>>& aliases, int64_t n) {
+        TORCH_CHECK_VALUE(n > 0, "time_program_chain: n must be positive, got ", n);
+        auto [params, device] = whole_buffers(args, "time_program_chain");
+        std::vector<int64_t> donated;
+        for (const auto& [in, out] : aliases) {
+          TORCH_CHECK_INDEX(in >= 0 && in < static_cast<int64_t>(params.size()), "time_program_chain: input ", in,
+                            " out of range for ", params.size(), " arguments");
+          donated.push_back(in);
+        }
+        std::vector<double> seconds;
+        auto& rt = runtime::Runtime::get();
+        runtime::ExecutablePtr exe;
+        {
+          py::gil_scoped_release release;
+          exe = rt.compile(text);
+        }
+        for (const auto& [in, out] : aliases)
+          TORCH_CHECK_INDEX(out >= 0 && out < static_cast<int64_t>(exe->num_outputs()), "time_program_chain: output ",
+                            out, " out of range for ", exe->num_outputs(), " outputs");
+        // The argument tensors take the latest buffers even when a call fails
+        // (their old ones may have been donated).
+        auto write_back = [&] {
+          for (size_t i = 0; i < args.size(); ++i) device::storage_of(args[i]).buffer = params[i];
+        };
+        try {
+          py::gil_scoped_release release;
+          rt.synchronize(device);
+          for (int64_t i = 0; i < n; ++i) {
+            auto start = std::chrono::steady_clock::now();
+            auto outs = rt.execute(*exe, params, device, donated);
+            rt.synchronize(device);
+            seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+            for (const auto& [in, out] : aliases) params[in] = outs[out];
+          }
+        } catch (...) {
+          write_back();
+          throw;
+        }
+        write_back();
+        return seconds;
+      },
+      py::arg("text"), py::arg("args"), py::arg("aliases"), py::arg("n"));
   // Queues the program `text` on the launch thread with whole tpu tensors as
   // arguments, without checking them against the program (the plugin does,
   // on that thread); `read`: then waits for the first output, raising the
