@@ -424,20 +424,22 @@ bool Runtime::read_in_place(PJRT_Buffer* buffer, void* dst, size_t nbytes) {
   return true;
 }
 
-void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
-  metrics().host_waits++;
-  PJRT_Buffer* src = buffer.get();
+void Runtime::read_to_host(PJRT_Buffer* buffer, void* dst, size_t nbytes, const char* what) {
   // In host memory (the CPU plugin): a copy once the buffer is ready. The
   // plugin's transfer hands that copy to a worker thread and waits for it,
   // two thread wake-ups (20-50 us here) for a few bytes.
-  if (!read_in_place(src, dst, nbytes)) {
-    auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-    args.src = src;
-    args.dst = dst;
-    args.dst_size = nbytes;
-    check(api_->PJRT_Buffer_ToHostBuffer(&args), "device-to-host transfer");
-    await_and_destroy(args.event, "device-to-host transfer");
-  }
+  if (read_in_place(buffer, dst, nbytes)) return;
+  auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = buffer;
+  args.dst = dst;
+  args.dst_size = nbytes;
+  check(api_->PJRT_Buffer_ToHostBuffer(&args), what);
+  await_and_destroy(args.event, what);
+}
+
+void Runtime::buffer_to_host(const Buffer& buffer, void* dst, size_t nbytes) {
+  metrics().host_waits++;
+  read_to_host(buffer.get(), dst, nbytes, "device-to-host transfer");
   metrics().device_to_host_bytes += nbytes;
   report_checks(buffer.device_index(), false, /*reading=*/true);
 }

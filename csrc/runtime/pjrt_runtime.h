@@ -384,6 +384,9 @@ class Runtime {
   // Copies a flat buffer that lives in host memory (the CPU plugin's) once
   // it is ready; false (nothing read) for any other buffer.
   bool read_in_place(PJRT_Buffer* buffer, void* dst, size_t nbytes);
+  // `nbytes` of `buffer` into `dst`, once it is ready: in place where it can
+  // (read_in_place), else the plugin's transfer. `what` names it in errors.
+  void read_to_host(PJRT_Buffer* buffer, void* dst, size_t nbytes, const char* what);
   // Destroys the event; its error (if any) surfaces again when outputs are read.
   void retire(Pending& p, bool wait);
   void retire_ready_locked(int device);

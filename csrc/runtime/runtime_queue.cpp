@@ -392,14 +392,7 @@ void Runtime::report_checks(int device, bool at_op, bool reading) {
       check_dirty_[d] = false;
     }
     int32_t code = 0;
-    if (!read_in_place(word->get(), &code, sizeof(code))) {
-      auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-      args.src = word->get();
-      args.dst = &code;
-      args.dst_size = sizeof(code);
-      check(api_->PJRT_Buffer_ToHostBuffer(&args), "reading the check word");
-      await_and_destroy(args.event, "reading the check word");
-    }
+    read_to_host(word->get(), &code, sizeof(code), "reading the check word");
     if (code == 0) continue;
     std::pair<ErrorKind, std::string> failed;
     {
