@@ -33,6 +33,10 @@ import tiny_llama  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+# The PyTorch eager device the "cpu" rows run on (--baseline): cpu, or cuda on
+# a GPU machine (scripts/gpu_check.sh, with the CUDA plugin under "tpu").
+BASELINE = "cpu"
+
 
 class Mode:
     """cpu / strict (tpu) / fused (tpu) as a context. "fused-whole" is fused
@@ -41,7 +45,7 @@ class Mode:
 
     def __init__(self, name):
         self.name = name
-        self.device = "cpu" if name == "cpu" else "tpu"
+        self.device = BASELINE if name == "cpu" else "tpu"
         self.region = torch_pjrt.fused(pipeline=name == "fused") if name.startswith("fused") else None
 
     def __enter__(self):
@@ -163,9 +167,15 @@ def main():
     parser.add_argument("--skip-growth", action="store_true", help="no fresh-process compile counts")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per mode (median of medians)")
     parser.add_argument("--launch-only", action="store_true", help="only the per-op launch table")
+    parser.add_argument("--baseline", default="cpu", choices=("cpu", "cuda"),
+                        help="the PyTorch eager device compared with (the rows and columns named cpu)")
     args = parser.parse_args()
+    global BASELINE
+    BASELINE = args.baseline
+    b = BASELINE
     info = torch_pjrt.plugin_info()
-    print(f"plugin '{info['name']}' ({info['platform']}), torch {torch.__version__}, {os.cpu_count()} CPU cores; "
+    print(f"plugin '{info['name']}' ({info['platform']}), baseline PyTorch eager on {b}, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPU cores; "
           f"training: {args.steps} steps, warm = median of steps 6..N; generation: {args.tokens} tokens; "
           f"{args.repeats} alternating runs per mode, median of their medians\n")
     if args.launch_only:
@@ -191,8 +201,8 @@ def main():
         mem.append([kind, f"{params / 2**10:.0f}"] +
                    [f"{peak[m]['step_peak'] / 2**10:.0f}" for m in ("strict", "fused-whole", "fused")] +
                    [f"{peak['fused']['donated'] / max(args.steps - 2, 1) / 2**10:.0f}"])
-    table(["model", "cpu step (ms)", "strict step (ms)", "fused, whole trace (ms)", "fused, pipelined (ms)",
-           "fused vs strict", "fused vs cpu", "strict 1st (ms)", "fused 1st (ms)", "fused programs",
+    table(["model", f"{b} step (ms)", "strict step (ms)", "fused, whole trace (ms)", "fused, pipelined (ms)",
+           "fused vs strict", f"fused vs {b}", "strict 1st (ms)", "fused 1st (ms)", "fused programs",
            "ops/flush"], rows, args.markdown)
     print("Device memory a warm training step adds at its peak (median of steps 6..N, a synchronize after each "
           "step) over what it started with; fused donates the parameters and optimizer state it overwrites, "
@@ -215,9 +225,10 @@ def main():
     c = gen["cpu"]["per_token"]
     for mode in GEN_MODES:
         t = gen[mode]["per_token"]
-        rows.append([mode, f"{t * 1e3:.3f}", f"{c / t:.2f}x", "yes" if gen[mode]["tokens"] == ref else "NO"])
+        rows.append([b if mode == "cpu" else mode, f"{t * 1e3:.3f}", f"{c / t:.2f}x",
+                     "yes" if gen[mode]["tokens"] == ref else "NO"])
     print(f"Greedy generation, tiny Llama (examples/tiny_llama.py), doubling KV cache, warm per token:")
-    table(["mode", "per token (ms)", "speed vs cpu", "same tokens as cpu"], rows, args.markdown)
+    table(["mode", "per token (ms)", f"speed vs {b}", f"same tokens as {b}"], rows, args.markdown)
 
     if not args.skip_growth:
         rows, later = [], []
@@ -274,8 +285,10 @@ def per_call(fn, device, n=2000):
 
 
 def sync(device):
-    if device != "cpu":
+    if device == "tpu":
         torch.tpu.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
 
 
 def launch_table(repeats, markdown):
@@ -292,14 +305,14 @@ def launch_table(repeats, markdown):
                 "relu(x)": lambda: torch.relu(x), "base[8:24] * 2 (view at an offset)": lambda: base[8:24] * 2}
     C = torch_pjrt._state.C
     launch_thread = C.async_launch_enabled()
-    cpu_ops, tpu_ops = ops("cpu"), ops("tpu")
+    cpu_ops, tpu_ops = ops(BASELINE), ops("tpu")
     samples = {name: ([], [], []) for name in cpu_ops}
     floor = []
     xt, yt = torch.ones(16, device="tpu"), torch.ones(16, device="tpu")
     try:
         for _ in range(5 * repeats):
             for name in cpu_ops:
-                samples[name][0].append(per_call(cpu_ops[name], "cpu"))
+                samples[name][0].append(per_call(cpu_ops[name], BASELINE))
                 C.set_async_launch(True)
                 samples[name][1].append(per_call(tpu_ops[name], "tpu"))
                 C.set_async_launch(False)
@@ -313,8 +326,9 @@ def launch_table(repeats, markdown):
         rows.append([name, f"{c * 1e6:.2f}", f"{t * 1e6:.2f}", f"{t / c:.2f}x", f"{s * 1e6:.2f}", f"{s / c:.2f}x"])
     c_add, f = statistics.median(samples["add(x, y)"][0]), statistics.median(floor)
     rows.append(["add program, runtime execute call alone", "", "", "", f"{f * 1e6:.2f}", f"{f / c_add:.2f}x"])
-    table(["op on 16 floats", "cpu (us)", "tpu strict (us)", "ratio to cpu", "tpu strict, execute on the calling "
-           "thread (us)", "ratio to cpu"], rows, markdown)
+    b = BASELINE
+    table(["op on 16 floats", f"{b} (us)", "tpu strict (us)", f"ratio to {b}", "tpu strict, execute on the calling "
+           f"thread (us)", f"ratio to {b}"], rows, markdown)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,16 @@ export TORCH_PJRT_BUILD_DIR="$ROOT/build-gpu" TORCH_PJRT_PLUGIN=cuda PYTHONPATH=
 # torch.compile(backend="tpu") on the CUDA plugin against torch.compile (inductor) on CUDA,
 # same models, dtype (float32) and batch; cold, warm-cache and steady-state times.
 "$PY" benchmarks/compile_bench.py --configs tpu-compiled,tpu-eager,cuda-eager,cuda-inductor --steps 30
+# Issue 14 item 7: fused eager (training steps, greedy generation, per-op launch) on the
+# CUDA plugin against PyTorch eager on CUDA, in one process, modes alternating.
+"$PY" benchmarks/fused_eager.py --baseline cuda --skip-growth --repeats 2 --markdown
+# Issue 15 item 6: the captured training step against torch.compile (inductor) on CUDA
+# and JAX's jitted step on CUDA, float32, same batch ...
+JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" benchmarks/compile_bench.py --modes train \
+  --configs tpu-compiled,tpu-captured,cuda-eager,cuda-inductor,jax --steps 30
+# ... and head to head with JAX in one process; here JAX's program runs on the same CUDA
+# plugin under both runtimes, so "plugin vs jax's client" is the runtimes alone.
+JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" benchmarks/capture_vs_jax.py --blocks 5 --markdown
 # On-device collectives through the CUDA plugin: a one-rank group runs its
 # collectives as programs (programs over 2 devices need 2 GPUs).
 TORCH_PJRT_DEVICE_COLLECTIVES=1 "$PY" -m pytest tests/test_device_collectives.py -q -p no:cacheprovider
