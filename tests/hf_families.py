@@ -224,17 +224,21 @@ def check_fused_training(fam, steps=6):
             "fallbacks": _new_fallbacks(before)}
 
 
-def check_generate(fam, new_tokens=8):
-    """Greedy generate on both devices: (tokens equal, fallbacks)."""
+def check_generate(fam, new_tokens=8, **generate_kw):
+    """Greedy generate on both devices (`generate_kw` added on both): tokens
+    equal, fallbacks, and what torch.compile did on tpu meanwhile (metrics)."""
     model = fam.build().eval()
     ids = _ids((2, 5), seed=5)
-    kw = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    kw = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **generate_kw)
     ref = model.generate(ids, **kw)
     before = _fallbacks()
+    m0 = torch_pjrt.metrics()
     out = model.to("tpu").generate(ids.to("tpu"), **kw)
     assert out.device.type == "tpu"
+    m1 = torch_pjrt.metrics()
     return {"equal": bool(torch.equal(out.cpu(), ref)), "tokens": int(out.shape[-1]),
-            "fallbacks": _new_fallbacks(before)}
+            "fallbacks": _new_fallbacks(before),
+            **{k: m1[k] - m0[k] for k in ("dynamo_graphs", "compiled_graph_runs", "eager_graph_fallbacks")}}
 
 
 # Tolerances (relative to the largest magnitude of the CPU tensor); float32 throughout.

@@ -44,6 +44,18 @@ def test_greedy_generate_equals_cpu(name):
     assert r["equal"], r
 
 
+@pytest.mark.parametrize("name", ["GPT-2", "Llama", "T5"])
+def test_static_cache_generate_runs_compiled_and_equals_cpu(name):
+    """generate(cache_implementation="static"): transformers compiles the decode
+    step with torch.compile's default backend, which sends tpu graphs to
+    backend="tpu" (torch_pjrt/_compile/default_backend.py). The tokens are
+    CPU's, and every decode step after the prefill ran as the compiled graph."""
+    r = hf.check_generate(hf.FAMILIES[name], cache_implementation="static")
+    assert r["fallbacks"] == []
+    assert r["equal"], r
+    assert r["dynamo_graphs"] >= 1 and r["compiled_graph_runs"] >= 7 and r["eager_graph_fallbacks"] == 0, r
+
+
 @pytest.mark.parametrize("name", ["Llama", "T5", "ResNet"])
 def test_fused_pipelined_training_matches_cpu(name):
     """Eight AdamW steps in fused eager, the loss read after each optimizer step:
