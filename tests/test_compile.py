@@ -95,6 +95,49 @@ def test_views_mutation_and_multiple_outputs():
     assert_same(buf_t, buf)
 
 
+def test_returned_views_alias_what_they_view_as_on_cpu():
+    """Outputs that view an input, or another output, come back as views of
+    it: with symbolic sizes (AOTAutograd cannot rebuild a view whose offset is
+    symbolic, so it keeps the backend's) and across a graph break."""
+    def halves(x):
+        return x[x.shape[0] // 2:], x.narrow(0, x.shape[0] - 2, 2), x.chunk(2)[-1]
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        cf = torch.compile(halves, backend="tpu", dynamic=dynamic)
+        for n in (8, 10):
+            x = torch.arange(float(n))
+            xt = tpu(x)
+            got = cf(xt)
+            for g, e in zip(got, halves(x)):
+                assert_same(g, e)
+            got[0].mul_(10)  # written through to the input, as on CPU
+            x[n // 2:].mul_(10)
+            assert_same(xt, x)
+
+    def pair(x):
+        y = x * 2
+        return y, y[1:], y.view(2, -1).t()
+
+    y, v, t = torch.compile(pair, backend="tpu")(tpu(torch.arange(6.)))
+    v.mul_(100)
+    t[0].zero_()
+    ye, ve, te = pair(torch.arange(6.))
+    ve.mul_(100)
+    te[0].zero_()
+    assert_same(y, ye)
+
+    def across_break(x):
+        y = x * 2
+        v = y.t()
+        torch._dynamo.graph_break()
+        v[0].zero_()
+        return y
+
+    x = torch.arange(6.).view(3, 2)
+    assert_same(torch.compile(across_break, backend="tpu")(tpu(x)), across_break(x))
+
+
 def test_view_inputs_are_read_in_the_program():
     """A strided view passed to a graph is read from its storage by the
     program (no copy first); another geometry of the same shape gets its own

@@ -52,7 +52,7 @@ def _fmt(v):
     return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, (tuple, torch.Size)) else str(v)
 
 
-def _unpack(outs, host_values, entry):
+def _unpack(outs, host_values, inputs, entry):
     kind = entry[0]
     if kind == "t":
         return outs[entry[1]]
@@ -61,6 +61,10 @@ def _unpack(outs, host_values, entry):
     if kind == "v":
         _, k, size, stride, offset = entry
         base = outs[k]
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+    if kind == "i":  # a view of tensor input k
+        _, k, size, stride, offset = entry
+        base = inputs[k]
         return base.as_strided(size, stride, base.storage_offset() + offset)
     return entry[1]
 
@@ -118,7 +122,7 @@ class CompiledGraphFn:
         host_values = lowered.host(args) if lowered.host else ()
         args.clear()
         stats.COUNTERS["compiled_graph_runs"] += 1
-        return [_unpack(outs, host_values, t) for t in lowered.output_template]
+        return [_unpack(outs, host_values, tensors, t) for t in lowered.output_template]
 
     def _capture(self, args):
         # A dry run (capture.py): lower and record; the outputs are placeholders.
@@ -126,8 +130,9 @@ class CompiledGraphFn:
         capture.active().record(self.name, lowered, args)
         outs = capture.placeholder_outputs(lowered)
         host_values = lowered.host(args) if lowered.host else ()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
         args.clear()
-        return [_unpack(outs, host_values, t) for t in lowered.output_template]
+        return [_unpack(outs, host_values, tensors, t) for t in lowered.output_template]
 
     def _forget_evicted(self):
         # Signatures whose executables the bounded cache evicted: drop what

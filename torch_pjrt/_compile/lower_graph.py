@@ -417,6 +417,31 @@ def lower_graph(gm, args, host_part=None):
             storage_output[v.id] = len(outputs) - 1
         return storage_output[v.id]
 
+    def layout_of(r, n):
+        # The layout PyTorch traced matters: later graphs' views depend on it.
+        # Static fake strides are that layout; else the walk's metas agree.
+        # (A dynamic graph's fake sizes are symbols: this call's concrete metas then.)
+        fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        if (isinstance(fake, torch.Tensor) and all(isinstance(d, int) for d in fake.shape)
+                and fake.shape == r.meta.shape and all(isinstance(st, int) for st in fake.stride())
+                and isinstance(fake.storage_offset(), int)):
+            return fake
+        return r.meta
+
+    input_ids = {v.id for v in inputs if isinstance(v, _Val) and tensors[v.input_index].device.type != "cpu"}
+    # Values returned whole, with the layout they are returned in: a view of
+    # one of them must come back as a view of it (PyTorch's aliasing).
+    returned = {r.id: layout_of(r, n) for r, n in zip(result, out_nodes)
+                if isinstance(r, _Val) and n not in host_out and r.root is None}
+
+    def view_of(root, layout):
+        # (offset within the root) when `layout` can be rebuilt as a view of it.
+        if layout.dtype != root.meta.dtype:
+            return None
+        if root.id in returned and list(returned[root.id].stride()) != list(root.meta.stride()):
+            return None
+        return layout.storage_offset() - root.meta.storage_offset()
+
     for r, n in zip(result, out_nodes):
         if n in host_out:
             template.append(("h", host_out[n]))
@@ -426,19 +451,18 @@ def lower_graph(gm, args, host_part=None):
             continue
         fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
-        # The layout PyTorch traced matters: later graphs' views depend on it.
-        # Static fake strides are that layout; else the walk's metas agree.
-        layout = r.meta
-        # (A dynamic graph's fake sizes are symbols: this call's concrete metas then.)
-        if (isinstance(fake, torch.Tensor) and all(isinstance(d, int) for d in fake.shape)
-                and fake.shape == r.meta.shape and all(isinstance(st, int) for st in fake.stride())):
-            layout = fake
-        if not _is_dense(layout) and r.root is not None and _is_dense(r.root.meta) and not on_cpu:
-            # A view saved for backward (e.g. q of a split qkv): return its
-            # base's storage and the same view of it.
-            k = add_output(r.root, r.root.meta, False)
-            template.append(("v", k, list(layout.shape), list(layout.stride()),
-                             layout.storage_offset() - r.root.meta.storage_offset()))
+        layout = layout_of(r, n)
+        root = r.root
+        offset = None if root is None or on_cpu else view_of(root, layout)
+        if offset is not None and root.id in input_ids:
+            # A view of a graph input comes back as that view of the input
+            # itself (AOTAutograd cannot rebuild one whose offset is symbolic).
+            template.append(("i", root.input_index, list(layout.shape), list(layout.stride()), offset))
+        elif offset is not None and (root.id in returned or not _is_dense(layout)) and _is_dense(root.meta):
+            # A view of a returned value, or one saved for backward (e.g. q of
+            # a split qkv): return its base's storage and the same view of it.
+            k = add_output(root, root.meta, False)
+            template.append(("v", k, list(layout.shape), list(layout.stride()), offset))
         else:
             template.append(("t", add_output(r, layout, on_cpu)))
     mutations = []
