@@ -151,11 +151,93 @@ def test_host_read_inside_the_step_is_not_replayed():
         return loss
 
     captured = torch_pjrt.capture_step(step)
-    with pytest.warns(RuntimeWarning, match="needed a value during the step"):
+    with pytest.warns(RuntimeWarning, match="reads a tpu tensor's value on the host"):
         for x, y in _batches(5):
             torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y),
                                        rtol=RTOL, atol=ATOL)
     assert len(seen) == 5  # the Python ran every time
+
+
+@pytest.mark.parametrize("read", ["int", "item", "tolist"])
+def test_a_host_read_of_a_ready_value_is_not_baked_into_replays(read):
+    """A host read that needs no flush (the value is already on the device)
+    still makes the step unreplayable: a replay would reuse the value read
+    while recording (here, the same first element in every recording)."""
+    how = {"int": lambda t: int(t[0]), "item": lambda t: t[0].item(), "tolist": lambda t: t.tolist()[0]}[read]
+
+    def f(x):
+        return x + how(x)
+
+    captured = torch_pjrt.capture_step(f)
+    with pytest.warns(RuntimeWarning, match="reads a tpu tensor's value on the host"):
+        for v in ([1, 2], [1, 3], [1, 4], [1, 5], [7, 6], [9, 1]):
+            x = torch.tensor(v)
+            assert torch.equal(captured(x.to("tpu")).cpu(), f(x))
+    assert captured.replayable(x.to("tpu"))[0] is False
+
+
+def test_a_cpu_tensor_written_in_the_step_is_not_replayed():
+    """Adagrad keeps its step count on the CPU (no capturable option), and a
+    plain CPU counter: a replay would not advance them."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(dev)
+        opt = torch.optim.Adagrad(m.parameters(), lr=0.1)
+        counter = torch.zeros(())
+
+        def step(x):
+            opt.zero_grad()
+            m(x).square().sum().backward()
+            opt.step()
+            counter.add_(1)
+        s = torch_pjrt.capture_step(step) if capture else step
+        for i in range(6):
+            s(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)).to(dev))
+        return opt.state[m.weight]["step"], counter, m.weight.detach().cpu()
+
+    with pytest.warns(RuntimeWarning, match="writes a CPU tensor that outlives it"):
+        got = run("tpu", True)
+    want = run("cpu", False)
+    assert float(got[0]) == float(want[0]) == 6 and float(got[1]) == 6
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+
+
+def test_learning_rate_schedules_are_followed():
+    """A scheduler stepped inside the step makes it unreplayable (a replay would
+    not advance it); one stepped outside changes the lr between calls, and the
+    next call records the step again with the new lr."""
+    def run(dev, capture, inside):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        sch = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+
+        def step(x):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+            if inside:
+                sch.step()
+        s = torch_pjrt.capture_step(step) if capture else step
+        ws = []
+        for i in range(14):
+            s(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)).to(dev))
+            if not inside:
+                sch.step()
+            ws.append(m.weight.detach().cpu().clone())
+        return ws
+
+    for inside in (True, False):
+        m0 = torch_pjrt.metrics()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = run("tpu", True, inside)
+        for g, r in zip(got, run("cpu", False, inside)):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+        warned = any("LR scheduler (StepLR) steps inside the step" in str(x.message) for x in w)
+        assert warned == inside
+        if not inside:
+            assert _delta(m0, "capture_replays") > 0
 
 
 def test_host_data_read_inside_the_step_is_not_replayed():
@@ -163,11 +245,10 @@ def test_host_data_read_inside_the_step_is_not_replayed():
     between the two recordings, so the step is never replayed with a stale batch."""
     ref, step_r, dev, step_d = _pair()
     batches = iter(_batches(6))
-    expected = []
+    expected = [step_r(x, y) for x, y in _batches(6)]  # (outside: the step must not train a CPU model)
 
     def step():
         x, y = next(batches)
-        expected.append(step_r(x, y))
         return step_d(x.to("tpu"), y.to("tpu"))
 
     captured = torch_pjrt.capture_step(step)

@@ -21,8 +21,13 @@ warning says why once.
 What is replayed is what the step did on tpu tensors; as with CUDA graphs,
 Python side effects are not repeated. The step must read its inputs from its
 tpu tensor arguments or from tensors it updates in place, and host numbers
-that change between calls (a learning-rate schedule, an optimizer's step
-count on the CPU: use ``capturable=True``) make a step unreplayable. After
+that change between calls make a step unreplayable. What a recording can
+see is checked: a host read of a tpu value (``.item()``, ``int(t)``,
+``.tolist()``), an in-place write to a CPU tensor that outlives the step (an
+optimizer's step count on the CPU: use ``capturable=True``) or an LR
+scheduler stepped inside the step make it unreplayable; a changed optimizer
+hyperparameter (a schedule stepped outside the step) makes the next call
+record it again. Other Python numbers the step reads are baked in. After
 replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
 ``model.eval()``), call ``step.reset()``. Each argument geometry (shapes,
 strides, dtypes) and each set of non-tensor arguments is recorded
@@ -41,6 +46,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _state
+from ._capture_watch import Watch, unchanged
 
 __all__ = ["capture_step", "CapturedStep"]
 
@@ -66,7 +72,7 @@ class _Signature:
     then the replayable recording (or why there is none)."""
 
     __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures",
-                 "manifest")
+                 "manifest", "optimizers")
     # out_spec None with a recording: the step returns a single tensor.
 
     def __init__(self):
@@ -79,6 +85,7 @@ class _Signature:
         self.tensor_at = None
         self.failures = 0
         self.manifest = None  # where this signature's program keys are saved (None: no cache)
+        self.optimizers = ()  # what the replayed recording's optimizers' hyperparameters were
 
 
 class CapturedStep:
@@ -150,6 +157,8 @@ class CapturedStep:
         if sig is None:
             sig = self._signatures[key] = _Signature()
             self._warm_start(sig, key)
+        if sig.recording is not None and sig.optimizers and not unchanged(sig.optimizers):
+            sig.recording = sig.last = None  # e.g. a new learning rate: record the step again
         if sig.recording is not None:
             outs = _state.C.capture_replay(sig.recording, tensors)
             if outs is None:  # arguments that alias each other or the step's state differently
@@ -172,7 +181,8 @@ class CapturedStep:
             _state.C.capture_begin()
             _recording[0] += 1
             try:
-                out = self.fn(*args, **kwargs)
+                with Watch() as watch:
+                    out = self.fn(*args, **kwargs)
             except BaseException:
                 _state.C.capture_abort()
                 raise
@@ -181,7 +191,7 @@ class CapturedStep:
             leaves, spec = tree_flatten(out)
             tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
             recording = _state.C.capture_end(tensors, [leaves[i] for i in tensor_at])
-        own = _state.C.capture_recording_problem(recording)
+        own = _state.C.capture_recording_problem(recording) or watch.problem
         problem = own or (_state.C.capture_problem(sig.last, recording) if sig.last is not None else "")
         if problem:
             # The first recordings may differ for a reason that goes away (state created
@@ -199,6 +209,7 @@ class CapturedStep:
             sig.out_spec = None if isinstance(out, torch.Tensor) else spec
             sig.out_leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
             sig.tensor_at = tensor_at
+            sig.optimizers = watch.optimizers
         sig.last = None if own else recording
         return out
 

@@ -20,6 +20,7 @@
 #include "eager/cpu_fallback.h"
 #include "eager/executor.h"
 #include "eager/fused.h"
+#include "eager/step_capture.h"
 #include "lowering/builder.h"
 
 namespace torch_pjrt::device {
@@ -119,6 +120,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       DeviceLock lock;
       values = eager::materialize(src);
       eager::fused_at_host_read();  // a pipelined trace's rest runs now, not waited for
+      eager::capture_host_read("a copy to the host: .cpu(), .tolist(), .numpy() or print");
     }
     rt.buffer_to_host(*values, host.data_ptr(), host.nbytes());
     // The raw values carry src's lazy conj/neg bits; CPU's copy_ resolves them.
@@ -220,6 +222,7 @@ std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
       continue;
     }
     at::Tensor bytes = at::empty({static_cast<int64_t>(sb.nbytes)}, at::TensorOptions().dtype(at::kByte));
+    eager::capture_host_read("an op run on the CPU (a CPU fallback) reads its tpu arguments");
     runtime::Runtime::get().buffer_to_host(*ensure_buffer(sb, sb.dtype), bytes.data_ptr(), sb.nbytes);
     out.push_back(bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset()));
   }
@@ -233,6 +236,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
     DeviceLock lock;
     values = eager::materialize(self);
     eager::fused_at_host_read();
+    eager::capture_host_read("a scalar read: .item(), int(), float() or bool()");
   }
   runtime::Runtime::get().buffer_to_host(*values, host.data_ptr(), host.nbytes());
   return host.item();

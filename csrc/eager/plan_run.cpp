@@ -4,6 +4,7 @@
 #include "device/dtype_map.h"
 #include "device/generator.h"
 #include "eager/fused.h"
+#include "eager/step_capture.h"
 #include "eager/plan.h"
 #include "runtime/constant_buffers.h"
 
@@ -147,6 +148,7 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
     if (rp.kind == ReturnPlan::Fresh)
       return device::wrap_buffer(rp.sizes, rp.strides, rp.dtype, device, outputs[rp.output]);
     at::Tensor host = at::empty({}, at::TensorOptions().dtype(rp.dtype));
+    capture_host_read("an op that returns a host number");
     rt().buffer_to_host(*outputs[rp.output], host.data_ptr(), host.nbytes());
     if (rp.type->kind() == c10::TypeKind::BoolType) return host.item<bool>();
     if (rp.type->kind() == c10::TypeKind::IntType) return host.item<int64_t>();

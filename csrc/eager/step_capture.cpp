@@ -16,10 +16,12 @@
 #include "eager/step_capture.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <optional>
 #include <cstring>
 
@@ -68,6 +70,63 @@ std::atomic<bool> g_on{false};
 uint64_t g_begin_serial = 0;     // storages with a serial below existed before the step
 std::vector<Flushed> g_flushed;  // under the device lock
 CaptureStats g_stats;
+std::string g_host_read;         // the first host read of tpu values in the step (under the device lock)
+
+// CPU tensors the step writes in place (an optimizer's step count on the
+// CPU): a replay runs only the tpu program, so one that outlives the step
+// would not advance. Watched with a RecordFunction callback on the recording
+// thread (ThreadLocalState carries it to autograd's device threads).
+struct CpuWrite {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  std::string op;
+};
+std::mutex g_cpu_writes_mu;
+std::vector<CpuWrite> g_cpu_writes;
+std::optional<at::CallbackHandle> g_cpu_watch;
+
+void note_cpu_write(const c10::IValue& v, const std::string& op) {
+  auto one = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.device().is_cpu() || !t.has_storage()) return;
+    std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+    for (const CpuWrite& w : g_cpu_writes)
+      if (!w.storage.expired() && w.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl()) return;
+    if (g_cpu_writes.size() >= 256)  // temporaries: only what is still alive matters
+      g_cpu_writes.erase(std::remove_if(g_cpu_writes.begin(), g_cpu_writes.end(),
+                                        [](const CpuWrite& w) { return w.storage.expired(); }),
+                         g_cpu_writes.end());
+    g_cpu_writes.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()), op});
+  };
+  if (v.isTensor()) one(v.toTensor());
+  else if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorVector()) one(t);
+}
+
+std::unique_ptr<at::ObserverContext> watch_cpu_writes(const at::RecordFunction& fn) {
+  if (!g_on.load(std::memory_order_relaxed)) return nullptr;
+  auto schema = fn.operator_schema();
+  if (!schema) return nullptr;
+  auto inputs = fn.inputs();
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < inputs.size(); ++i)
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) note_cpu_write(inputs[i], schema->name());
+  return nullptr;
+}
+
+void stop_cpu_watch() {
+  if (g_cpu_watch) at::removeCallback(*g_cpu_watch);
+  g_cpu_watch.reset();
+}
+
+// The first CPU tensor written in the step that is still alive ("" if none).
+std::string cpu_write_problem() {
+  std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+  for (const CpuWrite& w : g_cpu_writes)
+    if (!w.storage.expired())
+      return "the step writes a CPU tensor that outlives it in place (" + w.op +
+             ", e.g. an optimizer's step count kept on the CPU: use capturable=True), and a replay runs only "
+             "the tpu program";
+  return "";
+}
 
 }  // namespace
 
@@ -110,6 +169,10 @@ struct Recording {
 
 bool fused_detail::capturing() { return g_on.load(std::memory_order_relaxed); }
 
+void capture_host_read(const char* what) {
+  if (g_on.load(std::memory_order_relaxed) && g_host_read.empty()) g_host_read = what;
+}
+
 void fused_detail::capture_flushed(const Trace& t, const std::vector<std::pair<int32_t, StorageBuffer*>>& live,
                                    const std::shared_ptr<Entry>& e, const char* why) {
   Flushed f;
@@ -147,6 +210,14 @@ void capture_begin() {
   device::DeviceLock lock;
   TORCH_CHECK(!g_on.load(), "torch_pjrt: capture_step: a step is already being recorded (steps do not nest)");
   g_flushed.clear();
+  g_host_read.clear();
+  {
+    std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+    g_cpu_writes.clear();
+  }
+  stop_cpu_watch();
+  g_cpu_watch = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(watch_cpu_writes).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
   g_begin_serial = StorageBuffer::next_serial();
   g_on.store(true);
 }
@@ -154,6 +225,7 @@ void capture_begin() {
 void capture_abort() {
   device::DeviceLock lock;
   g_on.store(false);
+  stop_cpu_watch();
   g_flushed.clear();
 }
 
@@ -289,13 +361,20 @@ std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, cons
   fused_flush("capture");
   device::DeviceLock lock;
   g_on.store(false);
+  stop_cpu_watch();
   std::vector<Flushed> flushed = std::move(g_flushed);
   g_flushed.clear();
   auto r = std::make_shared<Recording>();
   g_stats.recordings++;
   auto early = std::find_if(flushed.begin(), flushed.end(), [](const Flushed& f) { return f.why != "capture"; });
+  std::string cpu_write = cpu_write_problem();
   if (flushed.empty()) {
     r->problem = "the step recorded no work on tpu";
+  } else if (!g_host_read.empty()) {
+    r->problem = "the step reads a tpu tensor's value on the host (" + g_host_read +
+                 "), and a replay would reuse the value read while recording";
+  } else if (!cpu_write.empty()) {
+    r->problem = cpu_write;
   } else if (early != flushed.end()) {
     // A value the step's Python read (or the host needed) during the step: a
     // replay would not produce it there.

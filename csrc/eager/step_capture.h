@@ -40,6 +40,11 @@ std::string capture_problem(const Recording& a, Recording& b);
 // caller runs the step itself.
 std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vector<at::Tensor>& args);
 
+// A host read of a tpu tensor's values (`what`: how); while a step is
+// recorded it makes the recording unreplayable (a replay would reuse the
+// value read then). Nothing otherwise.
+void capture_host_read(const char* what);
+
 struct CaptureStats {
   int64_t recordings = 0, replays = 0, not_replayable = 0;
 };
