@@ -240,6 +240,35 @@ def test_learning_rate_schedules_are_followed():
             assert _delta(m0, "capture_replays") > 0
 
 
+def test_gradient_accumulation_over_two_signatures_with_grads_set_to_none():
+    """step(x, do_step): backward every call, optimizer step and
+    zero_grad(set_to_none=True) every other call. A replay cannot set p.grad
+    again once the other signature set it to None; the grads it would write
+    are held by nothing else then, so the step is recorded again instead."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x, do_step):
+            m(x).square().mean().backward()
+            if do_step:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        s = torch_pjrt.capture_step(step) if capture else step
+        ws = []
+        for i in range(12):
+            s(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)).to(dev), i % 2 == 1)
+            ws.append(m.weight.detach().cpu().clone())
+        return ws
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = run("tpu", True)
+    for g, r in zip(got, run("cpu", False)):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
 def test_host_data_read_inside_the_step_is_not_replayed():
     """A step that uploads its own batch (not a tpu argument): the uploads differ
     between the two recordings, so the step is never replayed with a stale batch."""

@@ -161,9 +161,14 @@ class CapturedStep:
             sig.recording = sig.last = None  # e.g. a new learning rate: record the step again
         if sig.recording is not None:
             outs = _state.C.capture_replay(sig.recording, tensors)
-            if outs is None:  # arguments that alias each other or the step's state differently
+            if outs is None and _state.C.capture_recording_stale(sig.recording):
+                # State it reads or writes is held by nothing else now (a grad
+                # another step set to None): record the step again.
+                sig.recording = sig.last = None
+            elif outs is None:  # arguments that alias each other or the step's state differently
                 with _fused():
                     return self.fn(*args, **kwargs)
+        if sig.recording is not None:
             if sig.out_spec is None:  # the step returned one tensor
                 return outs[0]
             leaves = list(sig.out_leaves)

@@ -134,7 +134,9 @@ std::string cpu_write_problem() {
 struct Source {
   enum Kind { Arg, Held, Const, Returned } kind = Const;
   int index = -1;            // Arg: the argument; Returned: the returned storage
-  c10::Storage storage;      // Held
+  // Held: referenced weakly. One nothing else holds any more (a grad another
+  // step set to None) means this call's state is not the recorded one.
+  std::optional<WeakStorage> held;
   runtime::BufferPtr buffer; // Const: the value (also kept for the comparison)
   uint64_t serial = 0;       // Held and Arg: the storage's serial when recorded
   DType dtype = DType::F32;
@@ -165,6 +167,7 @@ struct Recording {
   std::vector<Source> inputs, outputs;
   std::vector<ReturnedTensor> returned;
   int fresh_storages = 0;
+  mutable bool stale = false;  // a replay found a held storage gone: record the step again
 };
 
 bool fused_detail::capturing() { return g_on.load(std::memory_order_relaxed); }
@@ -285,7 +288,7 @@ void resolve(Recording& r, const std::vector<at::Tensor>& args, const std::vecto
       return;
     } else {
       s.kind = Source::Held;
-      s.storage = st;
+      s.held = WeakStorage(st.getWeakStorageImpl());
     }
     r.inputs.push_back(std::move(s));
   }
@@ -309,7 +312,7 @@ void resolve(Recording& r, const std::vector<at::Tensor>& args, const std::vecto
       fresh.push_back(s.serial);
     } else {
       s.kind = Source::Held;
-      s.storage = st;
+      s.held = WeakStorage(st.getWeakStorageImpl());
     }
     r.outputs.push_back(std::move(s));
   }
@@ -317,7 +320,7 @@ void resolve(Recording& r, const std::vector<at::Tensor>& args, const std::vecto
   for (const Source& s : r.inputs)
     if (s.kind == Source::Held) r.held_serials.push_back(s.serial);
   for (const Source& s : r.outputs)
-    if (s.kind == Source::Held) r.held_serials.push_back(device::storage_of(s.storage).serial);
+    if (s.kind == Source::Held) r.held_serials.push_back(s.serial);
   std::sort(r.held_serials.begin(), r.held_serials.end());
   for (const at::Tensor& t : returned) {
     ReturnedTensor rt_;
@@ -391,6 +394,8 @@ std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, cons
 
 std::string recording_problem(const Recording& r) { return r.problem; }
 
+bool recording_stale(const Recording& r) { return r.stale; }
+
 std::string capture_problem(const Recording& a, Recording& b) {
   if (!b.problem.empty()) return b.problem;
   if (!a.problem.empty()) return a.problem;
@@ -457,8 +462,22 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   t.fpack_buffer = r.fpack_buffer;
   t.ipack_buffer = r.ipack_buffer;
   if (!f.rng_at.empty()) t.ipack = f.ipack;
-  auto storage_for = [&](const Source& s) -> StorageBuffer& {
-    if (s.kind == Source::Held) return device::storage_of(s.storage);
+  // The held storages, alive for the call (or the recording is stale).
+  std::vector<c10::Storage> alive_in(r.inputs.size()), alive_out(r.outputs.size());
+  auto hold = [&](const std::vector<Source>& sources, std::vector<c10::Storage>& alive) {
+    for (size_t x = 0; x < sources.size(); ++x)
+      if (sources[x].kind == Source::Held) {
+        alive[x] = c10::Storage(sources[x].held->lock());
+        if (!alive[x]) return false;
+      }
+    return true;
+  };
+  if (!hold(r.inputs, alive_in) || !hold(r.outputs, alive_out)) {
+    r.stale = true;
+    return std::nullopt;
+  }
+  auto storage_for = [&](const Source& s, const c10::Storage& held) -> StorageBuffer& {
+    if (s.kind == Source::Held) return device::storage_of(held);
     const at::Tensor& a = args.at(s.index);
     TORCH_CHECK(a.device().type() == c10::DeviceType::PrivateUse1 && a.device().index() == device,
                 "torch_pjrt: capture_step: argument ", s.index, " is on ", a.device(), ", recorded on tpu:", device);
@@ -473,7 +492,7 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   std::vector<StorageBuffer*> in_sb(n_in, nullptr);
   for (size_t x = 0; x < n_in; ++x)
     if (r.inputs[x].kind != Source::Const) {
-      in_sb[x] = &storage_for(r.inputs[x]);
+      in_sb[x] = &storage_for(r.inputs[x], alive_in[x]);
       __builtin_prefetch(in_sb[x]);
     }
   std::vector<const runtime::BufferPtr*> in_buf(n_in, nullptr);
@@ -530,7 +549,7 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
   std::vector<StorageBuffer*> out_sb(r.outputs.size(), nullptr);  // (loads first, as for the inputs)
   for (size_t j = 0; j < r.outputs.size(); ++j)
     if (r.outputs[j].kind != Source::Returned) {
-      out_sb[j] = &storage_for(r.outputs[j]);
+      out_sb[j] = &storage_for(r.outputs[j], alive_out[j]);
       __builtin_prefetch(out_sb[j]);
     }
   for (size_t j = 0; j < r.outputs.size(); ++j) {

@@ -28,6 +28,9 @@ std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, cons
 void capture_abort();
 // Why `r` cannot be replayed whatever the other recordings (empty: it may be).
 std::string recording_problem(const Recording& r);
+// Whether a replay of `r` found a storage it reads or writes no longer held
+// by anything else (the step should be recorded again).
+bool recording_stale(const Recording& r);
 // Why `b` cannot be replayed: its own problem, or how it differs from `a`,
 // the recording of the call before (empty: replayable; `b` then keeps which
 // random keys a replay draws anew).

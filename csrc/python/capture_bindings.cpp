@@ -37,6 +37,7 @@ void bind_capture(py::module& m) {
     return eager::capture_problem(*a.r, *b.r);
   });
   m.def("capture_recording_problem", [](const RecordingHandle& r) { return eager::recording_problem(*r.r); });
+  m.def("capture_recording_stale", [](const RecordingHandle& r) { return eager::recording_stale(*r.r); });
   m.def("capture_replay", [](const RecordingHandle& r, const std::vector<at::Tensor>& args) {
     py::gil_scoped_release release;
     return eager::replay(*r.r, args);
