@@ -29,7 +29,8 @@ scheduler stepped inside the step make it unreplayable; a changed optimizer
 hyperparameter (a schedule stepped outside the step) makes the next call
 record it again. Other Python numbers the step reads are baked in. After
 replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
-``model.eval()``), call ``step.reset()``. Each argument geometry (shapes,
+``model.eval()``), call ``step.reset()`` (state that was replaced and freed
+is noticed anyway: the call records the step again). Each argument geometry (shapes,
 strides, dtypes) and each set of non-tensor arguments is recorded
 separately. See docs/ARCHITECTURE.md, "Step capture"."""
 
