@@ -145,6 +145,26 @@ def test_var_std_overloads():
     check(lambda t: t.var(), torch.tensor(1.5))
 
 
+def test_var_std_of_constant_slices_is_exactly_zero_and_nonfinite_values_as_cpu():
+    """CPU's Welford gives exactly 0 for a constant slice (and so a std
+    gradient of exactly 0 there); a mean of inf and 1 is nan in var_mean."""
+    x = torch.full((3, 5), 0.1)
+    x[2] = torch.arange(5.0)
+    for fn in (lambda t: t.var(1), lambda t: t.std(1, correction=0), lambda t: torch.var_mean(t, 1)):
+        check(fn, x)
+    assert (tpu(x).var(1)[:2] == 0).all() and (torch.var_mean(tpu(x), 1)[1][:2] == x[0, 0]).all()
+    w = x.clone().requires_grad_()
+    wt = tpu(x).requires_grad_()
+    w.std(1).sum().backward()
+    wt.std(1).sum().backward()
+    assert (wt.grad[:2] == 0).all()
+    assert_same(wt.grad, w.grad)
+    bad = torch.tensor([[float("inf"), 1.0, 2.0], [1e8, 1e8 + 1, 1e8 + 2], [float("nan"), 0.0, 1.0]])
+    check(lambda t: torch.var_mean(t, 1), bad)
+    check(lambda t: torch.std_mean(t, 1), bad)
+    check(lambda t: t.var(1), bad)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.bool])
 @pytest.mark.parametrize("dim", [None, 1, -1, (0, 2)])
 @pytest.mark.parametrize("op", ["all", "any"])

@@ -118,6 +118,10 @@ std::vector<Value> argmax_argmin(LoweringContext& ctx, bool is_max) {
 }
 
 // var/std (and var_mean/std_mean): two-pass, divided by max(N - correction, 0).
+// The mean is taken of the values shifted by each reduced slice's first
+// element, so a constant slice has a mean of exactly its value and a variance
+// of exactly 0, as CPU's Welford gives (std's gradient there is then 0, not
+// that of sqrt at 1e-15).
 std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   Builder& b = ctx.b;
   DType out = ctx.out().dtype, acc = acc_dtype(out);
@@ -127,13 +131,29 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
                                             : (ctx.to_bool("unbiased", true) ? 1 : 0);
   Value zero = b.constant(0.0, acc);
-  Value total = b.reduce(x, zero, dims, "stablehlo.add");
-  Value mean = b.binary("divide", total, splat_like(b, n, total));
+  Value mean;
+  if (n > 0) {
+    Shape start(static_cast<size_t>(x.rank()), 0), limit = x.shape(), kept;
+    for (auto d : dims) limit[d] = 1;
+    for (int64_t i = 0; i < x.rank(); ++i)
+      if (std::find(dims.begin(), dims.end(), i) == dims.end()) kept.push_back(x.shape()[i]);
+    Value first = b.reshape(b.slice(x, start, limit), kept);
+    // (A non-finite first element shifts by 0 instead: inf - inf would be nan.)
+    Value zeros = splat_like(b, 0.0, first);
+    first = b.select(b.compare(Cmp::EQ, b.binary("subtract", first, first), zeros), first, zeros);
+    Value total = b.reduce(b.binary("subtract", x, unreduce(b, first, x, dims)), zero, dims, "stablehlo.add");
+    mean = b.binary("add", first, b.binary("divide", total, splat_like(b, n, total)));
+  } else {
+    Value total = b.reduce(x, zero, dims, "stablehlo.add");
+    mean = b.binary("divide", total, splat_like(b, n, total));
+  }
   Value d = b.binary("subtract", x, unreduce(b, mean, x, dims));
   Value ss = b.reduce(b.binary("multiply", d, d), zero, dims, "stablehlo.add");
   Value r = b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss));
   if (sqrt) r = b.unary("sqrt", r);
   std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
+  // CPU's Welford mean is nan wherever the variance is (an inf among the values).
+  if (with_mean) mean = b.select(b.compare(Cmp::NE, ss, ss), ss, mean);
   if (with_mean) res.push_back(b.reshape(mean, ctx.out(1).shape));
   return res;
 }
