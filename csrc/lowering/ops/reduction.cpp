@@ -153,8 +153,7 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   if (sqrt) r = b.unary("sqrt", r);
   std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
   // CPU's Welford mean is nan wherever the variance is (an inf among the values).
-  if (with_mean) mean = b.select(b.compare(Cmp::NE, ss, ss), ss, mean);
-  if (with_mean) res.push_back(b.reshape(mean, ctx.out(1).shape));
+  if (with_mean) res.push_back(b.reshape(b.select(b.compare(Cmp::NE, ss, ss), ss, mean), ctx.out(1).shape));
   return res;
 }
 
