@@ -138,6 +138,81 @@ def test_returned_views_alias_what_they_view_as_on_cpu():
     assert_same(torch.compile(across_break, backend="tpu")(tpu(x)), across_break(x))
 
 
+def _check_outputs_and_aliasing(fn, make, dynamic, mutate=lambda outs: outs[0].add_(100)):
+    """Runs `fn` compiled on tpu and on CPU with inputs from make(device),
+    then mutates an output in both and compares outputs and inputs again:
+    values and what aliases what must be as on CPU."""
+    torch._dynamo.reset()
+    xc, xt = make("cpu"), make("tpu")
+    ec, gt = fn(*xc), torch.compile(fn, backend="tpu", dynamic=dynamic)(*xt)
+    ec, gt = (ec if isinstance(ec, tuple) else (ec,)), (gt if isinstance(gt, tuple) else (gt,))
+    for pair in ((ec, gt), (xc, xt)):
+        for e, g in zip(*pair):
+            assert_same(g, e)
+    mutate(ec), mutate(gt)
+    for pair in ((ec, gt), (xc, xt)):
+        for e, g in zip(*pair):
+            assert_same(g, e)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_views_of_a_mutated_input_alias_it_with_their_offsets(dynamic):
+    """A returned view of an input the graph also writes comes back as that
+    view of the input (offset and strides kept, also when symbolic), for
+    contiguous, offset and column-stepped inputs."""
+    def tail_mutated(x):
+        b = x[x.shape[0] // 2:]
+        b.add_(100)
+        return b
+
+    def narrow_mutated(x):
+        v = x.narrow(0, 1, x.shape[0] - 1)
+        v.mul_(3)
+        return v
+
+    def last_row_zeroed(x):
+        v = x[-1:]
+        v.zero_()
+        return v
+
+    flat = lambda d: (torch.arange(8.).to(d),)  # noqa: E731
+    offset = lambda d: (torch.arange(12.).to(d)[2:10],)  # noqa: E731
+    stepped = lambda d: (torch.arange(24.).reshape(4, 6).to(d)[:, ::2],)  # noqa: E731
+    for fn in (tail_mutated, narrow_mutated, last_row_zeroed):
+        for make in (flat, offset, stepped):
+            _check_outputs_and_aliasing(fn, make, dynamic)
+
+
+def test_views_of_offset_inputs_near_their_storage_end():
+    """Views of an input that itself starts at an offset are rebuilt at the
+    right offset (the input's own is counted once)."""
+    _check_outputs_and_aliasing(lambda a: a.split([1, 2]), lambda d: (torch.arange(10.).to(d)[7:10],), False,
+                                mutate=lambda outs: outs[1].mul_(-1))
+    _check_outputs_and_aliasing(lambda a: a[1:, 1:], lambda d: (torch.arange(40.).reshape(5, 8).to(d)[2:5, 3:8],),
+                                False)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_outputs_viewing_one_intermediate_share_its_storage(dynamic):
+    """Several outputs that view an intermediate not itself returned share
+    its storage, as on CPU; also when the write comes after a graph break."""
+    def views(a):
+        y = a * 2
+        return y[:3], y[2:], y.view(2, 3)
+
+    _check_outputs_and_aliasing(views, lambda d: (torch.arange(6.).to(d),), dynamic,
+                                mutate=lambda outs: outs[1].add_(100))
+
+    def across_break(x):
+        y = x * 2
+        a, b = y[:2], y[1:]
+        torch._dynamo.graph_break()
+        a.zero_()
+        return b
+
+    _check_outputs_and_aliasing(across_break, lambda d: (torch.arange(4.).to(d),), dynamic)
+
+
 def test_view_inputs_are_read_in_the_program():
     """A strided view passed to a graph is read from its storage by the
     program (no copy first); another geometry of the same shape gets its own

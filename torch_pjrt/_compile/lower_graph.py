@@ -25,11 +25,12 @@ class Unsupported(Exception):
 
 class _Val:
     """A tensor value of the program: its id and PyTorch's meta tensor for it."""
-    __slots__ = ("id", "meta", "input_index", "root")
+    __slots__ = ("id", "meta", "input_index", "root", "chain")
 
-    def __init__(self, id, meta, input_index=None, root=None):
+    def __init__(self, id, meta, input_index=None, root=None, chain=()):
         self.id, self.meta, self.input_index = id, meta, input_index
-        self.root = root  # views: the value whose storage they view
+        self.root = root    # views: the value whose storage they view
+        self.chain = chain  # views: the view ops from root, to replay on another layout
 
 
 def _device_group_ids(group_name, device):
@@ -100,6 +101,8 @@ class _Walker:
         self.C = _state.C
         self.prog = self.C.GraphProgram()
         self.mutations = {}    # input index -> value id
+        self.written = {}      # value id -> input index its value was copied into, last
+        self.fakes = {}        # value id -> the fake tensor PyTorch traced for it (top graph)
         self.replica_ids = []  # set by the graph's collectives (one group per graph)
         self.device = None     # the tpu index the graph runs on (collectives need it)
 
@@ -164,7 +167,7 @@ class _Walker:
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise Unsupported(op, f"shape inference failed: {e}") from e
         if is_view(schema):
-            return self.view(schema, args, out_meta)
+            return self.view(op, schema, args, metas, out_meta)
         if mutates(schema):
             raise Unsupported(op, "mutates an argument (graphs are expected functional)")
         if not any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type) for r in schema.returns):
@@ -273,29 +276,34 @@ class _Walker:
             raise Unsupported(op, f"its PyTorch decomposition failed: {e}") from e
         return self.walk(sub.graph, [flat[i] for i in where])
 
-    def view(self, schema, args, out_meta):
+    def view(self, op, schema, args, metas, out_meta):
         base_pos = next(i for i, a in enumerate(schema.arguments) if a.alias_info is not None)
         base = args[base_pos]
 
-        def one(m):
+        def one(m, index=None):
             return _Val(self.prog.view(base.id, _strided(base.meta), _strided(m), m.dtype), m,
-                        root=base.root or base)
+                        root=base.root or base, chain=base.chain + ((op, metas, base_pos, index),))
         if isinstance(out_meta, torch.Tensor):
             return one(out_meta)
-        return [one(m) for m in out_meta]
+        return [one(m, i) for i, m in enumerate(out_meta)]
 
     def copy_into_input(self, dst, src):
         if not isinstance(dst, _Val) or dst.input_index is None:
             raise Unsupported("aten::copy_", "writes a value that is not a graph input")
         new = self.prog.convert(src.id if isinstance(src, _Val) else self.prog.constant(src, dst.meta.dtype),
                                 dst.meta.dtype, list(dst.meta.shape))
+        self.written = {v: k for v, k in self.written.items() if k != dst.input_index}
+        self.written[new] = dst.input_index
+        if isinstance(src, _Val) and src.root is None and _type(src.meta) == _type(dst.meta):
+            self.written[src.id] = dst.input_index  # the same values: views of src view the input
         self.mutations[dst.input_index] = new
         return _Val(new, dst.meta, dst.input_index)
 
     # ---- the walk ----
-    def walk(self, graph, inputs, skip=()):
+    def walk(self, graph, inputs, skip=(), top=False):
         """Walks `graph` with `inputs` for its placeholders (values or host
-        constants); `skip`: copy_ nodes the host does. Returns the structure
+        constants); `skip`: copy_ nodes the host does; `top`: the graph
+        PyTorch traced (its fake tensors are kept). Returns the structure
         of its output node."""
         env = {}
         it = iter(inputs)
@@ -308,7 +316,9 @@ class _Walker:
                 a, k = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, (node.args, node.kwargs))
                 target = node.target
                 if isinstance(target, torch._ops.OpOverload):
-                    env[node] = self.call_op(target, a, k)
+                    env[node] = v = self.call_op(target, a, k)
+                    if top and isinstance(v, _Val) and isinstance(node.meta.get("val"), torch.Tensor):
+                        self.fakes[v.id] = node.meta["val"]
                 elif target is operator.getitem:
                     env[node] = a[0][a[1]]
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
@@ -404,7 +414,7 @@ def lower_graph(gm, args, host_part=None):
     for node in list(graph.nodes):
         if node.op == "get_attr":
             raise Unsupported("get_attr", f"graph attribute {node.target}")
-    result = w.walk(graph, inputs, skip)
+    result = w.walk(graph, inputs, skip, top=True)
     out_nodes = list(graph.nodes)[-1].args[0]
     out_ids, template, outputs = [], [], []
     storage_output = {}  # value id -> index into outputs
@@ -428,19 +438,51 @@ def lower_graph(gm, args, host_part=None):
             return fake
         return r.meta
 
-    input_ids = {v.id for v in inputs if isinstance(v, _Val) and tensors[v.input_index].device.type != "cpu"}
+    on_device = {k for k, t in enumerate(tensors) if t.device.type != "cpu"}
     # Values returned whole, with the layout they are returned in: a view of
     # one of them must come back as a view of it (PyTorch's aliasing).
     returned = {r.id: layout_of(r, n) for r, n in zip(result, out_nodes)
                 if isinstance(r, _Val) and n not in host_out and r.root is None}
+    shared = {}  # root id -> how many outputs view it
+    for r in result:
+        if isinstance(r, _Val) and r.root is not None:
+            shared[r.root.id] = shared.get(r.root.id, 0) + 1
 
-    def view_of(root, layout):
-        # (offset within the root) when `layout` can be rebuilt as a view of it.
-        if layout.dtype != root.meta.dtype:
+    def input_view(r):
+        # ("i", k, view): r views graph input k itself, or the value the graph
+        # writes into input k (read after the write, the input holds it):
+        # its view ops replayed on the input's own layout, which the value's
+        # may not share (a write into a strided input makes a dense value).
+        root = r.root
+        k = root.input_index if root.input_index is not None and root.id not in w.written else w.written.get(root.id)
+        if k is None or k not in on_device or list(root.meta.shape) != list(tensors[k].shape):
             return None
-        if root.id in returned and list(returned[root.id].stride()) != list(root.meta.stride()):
+        v = torch.empty_strided(tensors[k].shape, tensors[k].stride(), dtype=tensors[k].dtype, device=_META)
+        try:
+            for op, (args, kwargs), pos, index in r.chain:
+                if pos >= len(args):
+                    return None
+                v = op(*args[:pos], v, *args[pos + 1:], **kwargs)
+                v = v if index is None else v[index]
+        except RuntimeError:
+            return None  # not a view of the input's layout (a view() of strided memory)
+        if v.shape != r.meta.shape or v.dtype != r.meta.dtype:
             return None
-        return layout.storage_offset() - root.meta.storage_offset()
+        return ("i", k, list(v.shape), list(v.stride()), v.storage_offset())
+
+    def output_view(r):
+        # ("v", k, view): r views an intermediate that comes back as output k
+        # (returned itself, viewed by several outputs, or r is not dense).
+        root = r.root
+        if r.meta.dtype != root.meta.dtype or not _is_dense(root.meta):
+            return None
+        if root.id in returned:
+            if list(returned[root.id].stride()) != list(root.meta.stride()):
+                return None
+        elif shared[root.id] < 2 and _is_dense(r.meta):
+            return None  # alone: its own buffer, without the rest of the root
+        k = add_output(root, root.meta, False)
+        return ("v", k, list(r.meta.shape), list(r.meta.stride()), r.meta.storage_offset() - root.meta.storage_offset())
 
     for r, n in zip(result, out_nodes):
         if n in host_out:
@@ -451,20 +493,8 @@ def lower_graph(gm, args, host_part=None):
             continue
         fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
-        layout = layout_of(r, n)
-        root = r.root
-        offset = None if root is None or on_cpu else view_of(root, layout)
-        if offset is not None and root.id in input_ids:
-            # A view of a graph input comes back as that view of the input
-            # itself (AOTAutograd cannot rebuild one whose offset is symbolic).
-            template.append(("i", root.input_index, list(layout.shape), list(layout.stride()), offset))
-        elif offset is not None and (root.id in returned or not _is_dense(layout)) and _is_dense(root.meta):
-            # A view of a returned value, or one saved for backward (e.g. q of
-            # a split qkv): return its base's storage and the same view of it.
-            k = add_output(root, root.meta, False)
-            template.append(("v", k, list(layout.shape), list(layout.stride()), offset))
-        else:
-            template.append(("t", add_output(r, layout, on_cpu)))
+        entry = None if r.root is None or on_cpu else input_view(r) or output_view(r)
+        template.append(entry or ("t", add_output(r, layout_of(r, n), on_cpu)))
     mutations = []
     for input_index, vid in w.mutations.items():
         mutations.append((input_index, len(out_ids)))
