@@ -531,3 +531,187 @@ def test_a_captured_function_called_inside_a_captured_step_is_part_of_it():
         x = torch.randn(8, 16)
         for _ in range(5):  # and alone, outside the step
             torch.testing.assert_close(forward(x.to("tpu")).cpu(), ref(x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_freezing_and_unfreezing_a_parameter_between_calls_records_again(set_to_none):
+    """p.requires_grad_(False) between calls, then True again: autograd stops
+    (then starts again) computing its grad, so SGD leaves it alone (grad set
+    to None) or moves it by momentum alone (grad zeroed, kept). A replay of a
+    recording made with the other flag would go on updating it: the call
+    records the step again."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x):
+            opt.zero_grad(set_to_none=set_to_none)
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        s = torch_pjrt.capture_step(step) if capture else step
+        seen = []
+        for i in range(16):
+            if i == 6:
+                m[0].weight.requires_grad_(False)
+            if i == 11:
+                m[0].weight.requires_grad_(True)
+            loss = s(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)).to(dev))
+            seen.append((loss.cpu(), [p.detach().cpu().clone() for p in m.parameters()],
+                         [None if p.grad is None else p.grad.cpu().clone() for p in m.parameters()]))
+        return seen
+
+    m0 = torch_pjrt.metrics()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # recorded again, never given up on
+        got = run("tpu", True)
+    # warm-up, 2 recordings, 3 replays; after each flag change 2 recordings, 3 replays
+    assert _delta(m0, "capture_replays") == 9
+    for i, ((gl, gp, gg), (rl, rp, rg)) in enumerate(zip(got, run("cpu", False))):
+        torch.testing.assert_close(gl, rl, rtol=1e-4, atol=1e-5)
+        for a, b in zip(gp, rp):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        for a, b in zip(gg, rg):
+            assert (a is None) == (b is None), f"call {i}: grad {a} on tpu, {b} on cpu"
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_freezing_a_parameter_of_a_step_that_steps_no_optimizer():
+    """A backward-only step (gradient accumulation, the optimizer stepped
+    outside): a frozen, then unfrozen parameter gets no grad, then grads
+    again, as on CPU; no optimizer's hyperparameters are there to notice it."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def micro(x):
+            m(x).square().mean().backward()
+        s = torch_pjrt.capture_step(micro) if capture else micro
+        seen = []
+        for i in range(24):
+            if i == 8:
+                m.bias.requires_grad_(False)
+                m.bias.grad = None
+            if i == 16:
+                m.bias.requires_grad_(True)
+            s(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)).to(dev))
+            seen.append([None if p.grad is None else p.grad.cpu().clone() for p in m.parameters()])
+            if i % 2:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            seen.append([p.detach().cpu().clone() for p in m.parameters()])
+        return seen
+
+    m0 = torch_pjrt.metrics()
+    got = run("tpu", True)
+    assert _delta(m0, "capture_replays") > 0
+    for i, (g, r) in enumerate(zip(got, run("cpu", False))):
+        for a, b in zip(g, r):
+            assert (a is None) == (b is None), f"entry {i}: {a} on tpu, {b} on cpu"
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_freezing_a_parameter_of_a_compiled_piece_records_again():
+    """The forward is a torch.compile'd piece, whose inputs no eager op takes
+    in grad mode: its parameters' flags are noted too."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        forward = torch.compile(m, backend="tpu") if capture else m
+
+        def step(x):
+            opt.zero_grad()
+            loss = forward(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        s = torch_pjrt.capture_step(step) if capture else step
+        seen = []
+        for i in range(12):
+            if i == 5:
+                m[0].weight.requires_grad_(False)
+            if i == 9:
+                m[0].weight.requires_grad_(True)
+            seen.append(s(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)).to(dev)).cpu())
+            seen.extend(p.detach().cpu().clone() for p in m.parameters())
+        return seen
+
+    m0 = torch_pjrt.metrics()
+    got = run("tpu", True)
+    assert _delta(m0, "capture_replays") > 0
+    for a, b in zip(got, run("cpu", False)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_gradients_of_arguments_are_set_by_replays():
+    """An argument that requires grad gets its .grad from the step's backward
+    on replays too: set when it had none (the returned x.grad is that tensor),
+    accumulated into when it had one, as autograd does on CPU."""
+    w_cpu = torch.randn(3, generator=torch.Generator().manual_seed(9))
+    w = w_cpu.to("tpu")
+
+    def step_for(w):
+        def f(x):
+            (x * w).pow(2).sum().backward()
+            return x.grad
+        return f
+
+    def run(dev, capture, w, accumulate):
+        s = torch_pjrt.capture_step(step_for(w)) if capture else step_for(w)
+        seen = []
+        for i in range(7):
+            x = torch.randn(3, generator=torch.Generator().manual_seed(i)).to(dev).requires_grad_()
+            if accumulate:  # a grad the step adds to
+                x.grad = torch.full((3,), float(i)).to(dev)
+            g = s(x)
+            assert x.grad is not None, f"call {i}: x.grad is None"
+            assert g is x.grad
+            seen.append(x.grad.cpu())
+        return seen
+
+    for accumulate in (False, True):
+        m0 = torch_pjrt.metrics()
+        got = run("tpu", True, w, accumulate)
+        assert _delta(m0, "capture_replays") == 4
+        for a, b in zip(got, run("cpu", False, w_cpu, accumulate)):
+            torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_a_persistent_argument_accumulates_its_gradient_over_replays():
+    """The same leaf passed every call (an input being optimized) with a
+    model's training step: its grad accumulates over calls as on CPU, and
+    the model trains as on CPU."""
+    def run(dev, capture):
+        torch.manual_seed(0)
+        m = _model().to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3)).to(dev).requires_grad_()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        s = torch_pjrt.capture_step(step) if capture else step
+        seen = []
+        for _, y in _batches(7):
+            loss = s(x, y.to(dev))
+            seen.append((loss.cpu(), x.grad.cpu().clone(), [p.detach().cpu().clone() for p in m.parameters()]))
+        return seen
+
+    m0 = torch_pjrt.metrics()
+    got = run("tpu", True)
+    # the first call (x.grad None) is a signature of its own: then warm-up, two recordings, three replays
+    assert _delta(m0, "capture_replays") == 3
+    for (gl, gx, gp), (rl, rx, rp) in zip(got, run("cpu", False)):
+        torch.testing.assert_close(gl, rl, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(gx, rx, rtol=RTOL, atol=ATOL)
+        for a, b in zip(gp, rp):
+            torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)

@@ -27,7 +27,13 @@ see is checked: a host read of a tpu value (``.item()``, ``int(t)``,
 optimizer's step count on the CPU: use ``capturable=True``) or an LR
 scheduler stepped inside the step make it unreplayable; a changed optimizer
 hyperparameter (a schedule stepped outside the step) makes the next call
-record it again. Other Python numbers the step reads are baked in. After
+record it again, and so does a tensor the step took with grad mode on (or
+passed to a compiled piece) frozen or unfrozen since (``p.requires_grad_(False)``:
+autograd then computes other grads, and the optimizer steps other
+parameters). Other Python numbers the step reads are baked in. A replay sets
+the ``.grad`` of its leaf arguments that require grad as the step's backward
+did (a new tensor, or added to the one the argument had; whether it had one
+is part of the signature). After
 replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
 ``model.eval()``), call ``step.reset()`` (state that was replaced and freed
 is noticed anyway: the call records the step again). Each argument geometry (shapes,
@@ -73,7 +79,7 @@ class _Signature:
     then the replayable recording (or why there is none)."""
 
     __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures",
-                 "manifest", "optimizers")
+                 "manifest", "optimizers", "grads", "last_grads")
     # out_spec None with a recording: the step returns a single tensor.
 
     def __init__(self):
@@ -87,6 +93,8 @@ class _Signature:
         self.failures = 0
         self.manifest = None  # where this signature's program keys are saved (None: no cache)
         self.optimizers = ()  # what the replayed recording's optimizers' hyperparameters were
+        self.grads = None  # the replayed recording's argument grads (_arg_grads), None: no argument requires grad
+        self.last_grads = None  # the same for `last`
 
 
 class CapturedStep:
@@ -124,7 +132,8 @@ class CapturedStep:
             for a in args:
                 if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
                     break
-                key.append((a.device.index, a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad))
+                key.append((a.device.index, a.dtype, a.shape, a.stride(), a.storage_offset(),
+                            a.requires_grad and _grad_key(a)))
             else:
                 return tuple(key), list(args)
         leaves, spec = tree_flatten((args, kwargs))
@@ -135,7 +144,7 @@ class CapturedStep:
                 if leaf.device.type != "tpu":
                     return None, f"argument {i} is a {leaf.device.type} tensor (replay reads tpu tensors only)"
                 key.append((leaf.device.index, leaf.dtype, tuple(leaf.shape), leaf.stride(),
-                            leaf.storage_offset(), leaf.requires_grad))
+                            leaf.storage_offset(), leaf.requires_grad and _grad_key(leaf)))
                 tensors.append(leaf)
             else:
                 key.append((type(leaf), leaf))
@@ -161,20 +170,32 @@ class CapturedStep:
         if sig.recording is not None and sig.optimizers and not unchanged(sig.optimizers):
             sig.recording = sig.last = None  # e.g. a new learning rate: record the step again
         if sig.recording is not None:
-            outs = _state.C.capture_replay(sig.recording, tensors)
+            grads = sig.grads
+            if grads is None:
+                outs = _state.C.capture_replay(sig.recording, tensors)
+            else:  # the grads autograd adds to are read and written like arguments
+                grad_inputs = [tensors[i].grad for i in grads[0]]
+                outs = _state.C.capture_replay(sig.recording, list(tensors) + grad_inputs)
             if outs is None and _state.C.capture_recording_stale(sig.recording):
                 # State it reads or writes is held by nothing else now (a grad
-                # another step set to None): record the step again.
+                # another step set to None), or a tensor it took was frozen or
+                # unfrozen since: record the step again.
                 sig.recording = sig.last = None
             elif outs is None:  # arguments that alias each other or the step's state differently
                 with _fused():
                     return self.fn(*args, **kwargs)
         if sig.recording is not None:
+            if grads is not None:
+                for i, k in grads[1]:  # as the step's backward set them
+                    tensors[i].grad = None if k < 0 else outs[k]
             if sig.out_spec is None:  # the step returned one tensor
                 return outs[0]
             leaves = list(sig.out_leaves)
             for at, t in zip(sig.tensor_at, outs):
                 leaves[at] = t
+            if grads is not None:
+                for at, j in grads[2]:  # an argument's grad the step added to, returned
+                    leaves[at] = grad_inputs[j]
             return tree_unflatten(leaves, sig.out_spec)
         sig.calls += 1
         if sig.problem is not None or sig.calls <= self.warmup:
@@ -183,6 +204,9 @@ class CapturedStep:
         return self._record(sig, args, kwargs, tensors)
 
     def _record(self, sig, args, kwargs, tensors):
+        # Leaf arguments that require grad: a backward in the step sets or adds to their .grad.
+        grad_args = [i for i, a in enumerate(tensors) if a.requires_grad and a.is_leaf]
+        grads_before = [tensors[i].grad for i in grad_args]
         with _fused():
             _state.C.capture_begin()
             _recording[0] += 1
@@ -196,9 +220,16 @@ class CapturedStep:
                 _recording[0] -= 1
             leaves, spec = tree_flatten(out)
             tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-            recording = _state.C.capture_end(tensors, [leaves[i] for i in tensor_at])
+            grads, grad_inputs, new_grads = None, [], []
+            if grad_args:
+                grads, grad_inputs, new_grads = _arg_grads(tensors, grad_args, grads_before, leaves, tensor_at)
+                returned_grads = {at for at, _ in grads[2]}
+                tensor_at = [at for at in tensor_at if at not in returned_grads]
+            recording = _state.C.capture_end(list(tensors) + grad_inputs, [leaves[i] for i in tensor_at] + new_grads)
         own = _state.C.capture_recording_problem(recording) or watch.problem
         problem = own or (_state.C.capture_problem(sig.last, recording) if sig.last is not None else "")
+        if not problem and sig.last is not None and grads != sig.last_grads:
+            problem = "two calls set the .grad of their arguments differently"
         if problem:
             # The first recordings may differ for a reason that goes away (state created
             # lazily, a one-off host read): give up after _MAX_FAILURES in a row.
@@ -212,11 +243,13 @@ class CapturedStep:
             sig.failures = 0
             sig.recording = recording
             _finish_noting(sig, save=True)
-            sig.out_spec = None if isinstance(out, torch.Tensor) else spec
+            sig.out_spec = None if isinstance(out, torch.Tensor) and len(tensor_at) == 1 else spec
             sig.out_leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
             sig.tensor_at = tensor_at
             sig.optimizers = watch.optimizers
+            sig.grads = grads
         sig.last = None if own else recording
+        sig.last_grads = grads
         return out
 
     def _warm_start(self, sig, key):
@@ -248,6 +281,43 @@ class CapturedStep:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(f"torch_pjrt.capture_step({name}): not replayed, running it under fused eager on every "
                       f"call instead: {why}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def _grad_key(a):
+    """What a tensor argument that requires grad adds to its signature: whether
+    it is a leaf, and the layout of its .grad (which a backward in the step
+    adds to in place) or that it has none (the backward sets a new one)."""
+    if not a.is_leaf:
+        return "non-leaf"
+    g = a.grad
+    return "no grad" if g is None else (g.dtype, g.stride(), g.storage_offset())
+
+
+def _arg_grads(tensors, grad_args, grads_before, leaves, tensor_at):
+    """What a recording did to the .grad of its leaf arguments that require
+    grad (`grad_args`, their grads before the call `grads_before`), as
+    ((arguments whose grad a replay reads and writes in place, passed after
+    the arguments), ((argument, output a replay sets as its grad, or -1 for
+    None), ...), ((returned leaf, index into the first) for a returned grad
+    of the first kind)); then those grads, and the new grads to pass as
+    returned after the step's returned tensors."""
+    read = tuple(i for i, g in zip(grad_args, grads_before) if g is not None)
+    inputs = [g for g in grads_before if g is not None]
+    returned = tuple((at, j) for at in tensor_at for j, g in enumerate(inputs) if leaves[at] is g)
+    kept = [at for at in tensor_at if all(at != r for r, _ in returned)]
+    new, set_ = [], []
+    for i, before in zip(grad_args, grads_before):
+        after = tensors[i].grad
+        if after is before:
+            continue  # untouched, or added to in place
+        k = -1
+        if after is not None:
+            k = next((n for n, at in enumerate(kept) if leaves[at] is after), None)
+            if k is None:
+                k = len(kept) + len(new)
+                new.append(after)
+        set_.append((i, k))
+    return (read, tuple(set_), returned), inputs, new
 
 
 def _finish_noting(sig, save):

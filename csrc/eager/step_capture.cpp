@@ -16,6 +16,7 @@
 #include "eager/step_capture.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <cstring>
+#include <unordered_map>
 
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
@@ -101,14 +103,67 @@ void note_cpu_write(const c10::IValue& v, const std::string& op) {
     for (const at::Tensor& t : v.toTensorVector()) one(t);
 }
 
+// Leaf tpu tensors that existed before the step and that its ops took with
+// grad mode on (parameters in the forward, frozen ones included), or that a
+// compiled graph took (its graph depends on their flags): whether each
+// requires grad decided what autograd did in the step (which grads it
+// computed, so which parameters the optimizer stepped), and a replay cannot
+// see that flag change (p.requires_grad_(False) between calls). Under no_grad
+// (the optimizer, clipping, the backward) the flags change nothing, and the
+// fewer tensors, the cheaper the replay's check. The recording keeps their
+// flags at its end and a replay compares them (see Recording::leaves). Noted
+// by the same callback, under g_cpu_writes_mu.
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+struct LeafSeen {
+  WeakTensor impl;
+  uint64_t serial;  // its storage's
+};
+std::vector<LeafSeen> g_leaves;
+std::unordered_map<const c10::TensorImpl*, size_t> g_leaf_index;
+
+void note_leaf(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || !t.has_storage()) return;
+  // Only floating and complex tensors can require grad; a non-leaf's flag
+  // follows its graph (its leaves are noted where the graph read them).
+  if (!(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())) || !t.is_leaf()) return;
+  const c10::DataPtr& ptr = t.storage().data_ptr();
+  if (!ptr.get_context()) return;
+  uint64_t serial;
+  try {
+    serial = device::storage_of(t).serial;
+  } catch (...) {
+    return;  // not a tpu allocation
+  }
+  if (serial >= g_begin_serial) return;  // made during the step: a new tensor each call
+  std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+  auto [it, fresh] = g_leaf_index.emplace(t.unsafeGetTensorImpl(), g_leaves.size());
+  if (!fresh) {
+    if (!g_leaves[it->second].impl.expired()) return;
+    it->second = g_leaves.size();  // a dead tensor's address, reused
+  }
+  g_leaves.push_back({WeakTensor(t.getIntrusivePtr()), serial});
+}
+
+void note_leaves(const c10::IValue& v) {
+  if (v.isTensor()) note_leaf(v.toTensor());
+  else if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorVector()) note_leaf(t);
+  else if (v.isList())  // Tensor?[] (index's indices)
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) note_leaf(e.toTensor());
+}
+
 std::unique_ptr<at::ObserverContext> watch_cpu_writes(const at::RecordFunction& fn) {
   if (!g_on.load(std::memory_order_relaxed)) return nullptr;
   auto schema = fn.operator_schema();
   if (!schema) return nullptr;
   auto inputs = fn.inputs();
   const auto& args = schema->arguments();
-  for (size_t i = 0; i < args.size() && i < inputs.size(); ++i)
+  const bool grad_mode = at::GradMode::is_enabled();
+  for (size_t i = 0; i < args.size() && i < inputs.size(); ++i) {
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) note_cpu_write(inputs[i], schema->name());
+    if (grad_mode) note_leaves(inputs[i]);
+  }
   return nullptr;
 }
 
@@ -126,6 +181,12 @@ std::string cpu_write_problem() {
              ", e.g. an optimizer's step count kept on the CPU: use capturable=True), and a replay runs only "
              "the tpu program";
   return "";
+}
+
+void forget_leaves() {
+  std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+  g_leaves.clear();
+  g_leaf_index.clear();
 }
 
 }  // namespace
@@ -167,10 +228,24 @@ struct Recording {
   std::vector<Source> inputs, outputs;
   std::vector<ReturnedTensor> returned;
   int fresh_storages = 0;
-  mutable bool stale = false;  // a replay found a held storage gone: record the step again
+  // The leaf tensors noted while recording (see g_leaves) that existed
+  // before the step, arguments aside (their flags are part of the
+  // signature), with whether each required grad when the recording ended
+  // (capture_keep_leaves): a call finding one changed (a parameter frozen or
+  // unfrozen since, capture_leaves_changed) marks the recording stale.
+  // Weak: a tensor that died cannot have changed. `seen`: as noted, until
+  // capture_keep_leaves.
+  std::vector<LeafSeen> seen;
+  std::vector<std::pair<WeakTensor, bool>> leaves;
+  mutable bool stale = false;  // a held storage gone, or a leaf's flag changed: record the step again
 };
 
 bool fused_detail::capturing() { return g_on.load(std::memory_order_relaxed); }
+
+void capture_note_leaves(const std::vector<at::Tensor>& inputs) {
+  if (!g_on.load(std::memory_order_relaxed)) return;
+  for (const at::Tensor& t : inputs) note_leaf(t);
+}
 
 void capture_host_read(const char* what) {
   if (g_on.load(std::memory_order_relaxed) && g_host_read.empty()) g_host_read = what;
@@ -217,6 +292,8 @@ void capture_begin() {
   {
     std::lock_guard<std::mutex> g(g_cpu_writes_mu);
     g_cpu_writes.clear();
+    g_leaves.clear();
+    g_leaf_index.clear();
   }
   stop_cpu_watch();
   g_cpu_watch = at::addThreadLocalCallback(
@@ -230,6 +307,7 @@ void capture_abort() {
   g_on.store(false);
   stop_cpu_watch();
   g_flushed.clear();
+  forget_leaves();
 }
 
 namespace {
@@ -388,11 +466,54 @@ std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, cons
     r->f = std::move(flushed[0]);
     resolve(*r, args, returned);
     r->f.externals.clear();  // (the constants are in r->inputs)
+    if (r->problem.empty()) {
+      std::vector<uint64_t> arg_serials;
+      for (const at::Tensor& a : args) arg_serials.push_back(serial_of(a));
+      std::lock_guard<std::mutex> g(g_cpu_writes_mu);
+      for (LeafSeen& l : g_leaves)  // (less arguments and views of them)
+        if (arg_with_serial(arg_serials, l.serial) < 0) r->seen.push_back(std::move(l));
+    }
   }
+  forget_leaves();
   return r;
 }
 
 std::string recording_problem(const Recording& r) { return r.problem; }
+
+namespace {
+
+// Whether the tensor `w` refers to requires grad (nothing: it died). The
+// caller holds the GIL: a tensor with a Python object is kept alive by it,
+// which only dies under the GIL, so its flag is read without taking a
+// reference (taking one would touch the Python object's refcount, ~50 ns a
+// tensor); the others are locked, which touches no Python object.
+std::optional<bool> requires_grad_of(const WeakTensor& w) {
+  if (w.expired()) return std::nullopt;
+  const c10::TensorImpl* t = w._unsafe_get_target();  // (its memory lives while `w` does)
+  if (t->pyobj_slot()->load_pyobj()) return t->requires_grad();
+  auto held = w.lock();
+  if (!held) return std::nullopt;
+  return held->requires_grad();
+}
+
+}  // namespace
+
+void capture_keep_leaves(Recording& r) {
+  for (const LeafSeen& l : r.seen)
+    if (auto rg = requires_grad_of(l.impl)) r.leaves.emplace_back(l.impl, *rg);
+  r.seen.clear();
+}
+
+bool capture_leaves_changed(const Recording& r) {
+  for (const auto& [weak, requires_grad] : r.leaves) {
+    auto rg = requires_grad_of(weak);
+    if (rg && *rg != requires_grad) {
+      r.stale = true;
+      return true;
+    }
+  }
+  return false;
+}
 
 bool recording_stale(const Recording& r) { return r.stale; }
 

@@ -26,10 +26,20 @@ void capture_begin();
 std::shared_ptr<Recording> capture_end(const std::vector<at::Tensor>& args, const std::vector<at::Tensor>& returned);
 // Ends a recording whose step raised.
 void capture_abort();
+// The flags of the leaf tensors the step took (parameters, frozen or not),
+// kept once the recording ended; then, before each replay, whether one of
+// them was frozen or unfrozen since (requires_grad_), which makes `r` stale:
+// autograd would now compute other grads, so the optimizer would step other
+// parameters. Both are called with the GIL held (a tensor's Python object
+// keeps it alive then, so its flag is read without taking a reference).
+void capture_keep_leaves(Recording& r);
+bool capture_leaves_changed(const Recording& r);
 // Why `r` cannot be replayed whatever the other recordings (empty: it may be).
 std::string recording_problem(const Recording& r);
 // Whether a replay of `r` found a storage it reads or writes no longer held
-// by anything else (the step should be recorded again).
+// by anything else, or a tensor the step read or wrote frozen or unfrozen
+// (requires_grad changed) since the recording (the step should be recorded
+// again).
 bool recording_stale(const Recording& r);
 // Why `b` cannot be replayed: its own problem, or how it differs from `a`,
 // the recording of the call before (empty: replayable; `b` then keeps which
@@ -47,6 +57,11 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
 // recorded it makes the recording unreplayable (a replay would reuse the
 // value read then). Nothing otherwise.
 void capture_host_read(const char* what);
+
+// The tensors a compiled graph takes, while a step is recorded: a replay
+// checks that the leaves among them are not frozen or unfrozen since (their
+// graph would be another). Nothing otherwise.
+void capture_note_leaves(const std::vector<at::Tensor>& inputs);
 
 struct CaptureStats {
   int64_t recordings = 0, replays = 0, not_replayable = 0;

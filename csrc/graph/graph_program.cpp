@@ -15,6 +15,7 @@
 #include "eager/fused.h"
 #include "eager/op_instance.h"
 #include "eager/plan.h"
+#include "eager/step_capture.h"
 #include "runtime/constant_buffers.h"
 #include "runtime/program_cache.h"
 
@@ -352,6 +353,7 @@ std::optional<std::vector<at::Tensor>> run(const CompiledGraph& g, const std::ve
   auto exe = std::static_pointer_cast<runtime::Executable>(runtime::ProgramCache::get().find(g.cache_key));
   if (!exe) return std::nullopt;  // evicted
   int device = graph_device(inputs, g.device);
+  eager::capture_note_leaves(inputs);  // (while a step is recorded)
   if (g.fused_plan && eager::fused_active()) {
     std::vector<at::Tensor> results;
     Recorded r = record(g, exe, inputs, device, &results);

@@ -29,8 +29,13 @@ void bind_capture(py::module& m) {
     eager::capture_abort();
   });
   m.def("capture_end", [](const std::vector<at::Tensor>& args, const std::vector<at::Tensor>& returned) {
-    py::gil_scoped_release release;
-    return RecordingHandle{eager::capture_end(args, returned)};
+    std::shared_ptr<eager::Recording> r;
+    {
+      py::gil_scoped_release release;
+      r = eager::capture_end(args, returned);
+    }
+    eager::capture_keep_leaves(*r);  // (under the GIL)
+    return RecordingHandle{r};
   });
   m.def("capture_problem", [](const RecordingHandle& a, const RecordingHandle& b) {
     py::gil_scoped_release release;
@@ -38,10 +43,12 @@ void bind_capture(py::module& m) {
   });
   m.def("capture_recording_problem", [](const RecordingHandle& r) { return eager::recording_problem(*r.r); });
   m.def("capture_recording_stale", [](const RecordingHandle& r) { return eager::recording_stale(*r.r); });
-  m.def("capture_replay", [](const RecordingHandle& r, const std::vector<at::Tensor>& args) {
-    py::gil_scoped_release release;
-    return eager::replay(*r.r, args);
-  });
+  m.def("capture_replay",
+        [](const RecordingHandle& r, const std::vector<at::Tensor>& args) -> std::optional<std::vector<at::Tensor>> {
+          if (eager::capture_leaves_changed(*r.r)) return std::nullopt;  // (under the GIL) stale: recorded again
+          py::gil_scoped_release release;
+          return eager::replay(*r.r, args);
+        });
   m.def("capture_count_not_replayable", [] {
     py::gil_scoped_release release;
     eager::count_not_replayable();
