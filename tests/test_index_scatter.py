@@ -297,3 +297,50 @@ def test_debug_mode_checks_index_ranges():
                       ("index_add", "RuntimeError"), ("masked_scatter", "RuntimeError")]:
         assert f"{name} {exc}" in out.stdout, out.stdout
     assert "valid" in out.stdout
+
+
+# ---- bad indices raise CPU's exception type (found by fuzzing) ------------------------
+
+def _read(fn):
+    # Index ranges are checked in the program: the error comes at the host read.
+    return lambda *a: fn(*a).cpu()
+
+
+@pytest.mark.parametrize("case", [
+    # more index tensors than dims (a 0-d self crashed the lowering)
+    lambda x, i, v: x[0, 0].index_put_((i,), v),
+    lambda x, i, v: x[0].index_put_((i, i), v),
+    lambda x, i, v: torch.ops.aten.index.Tensor(x[0], [i, i]),
+    # a bool mask of the wrong length
+    lambda x, i, v: x[0].index_put_((torch.tensor([True, False], device=x.device),), v),
+    # a float index, an index into an empty dim, a 2-d index for index_select
+    lambda x, i, v: x.index_put_((i.float(),), v),
+    lambda x, i, v: x[:, :0].t().index_select(0, i),
+    lambda x, i, v: x[0].index_select(0, i.view(1, 1)),
+    # a 0-d self: index_select takes one index, 0; gather indices must be 0
+    lambda x, i, v: x[0, 0].index_select(0, i + 1),
+    lambda x, i, v: x[0, 0].index_select(0, torch.zeros(3, dtype=torch.long, device=x.device)),
+    lambda x, i, v: x[0, 0].gather(0, i[0] + 1),
+])
+def test_bad_indices_raise_cpus_exception_type(case):
+    check_raises(_read(case), make((3, 4)), torch.tensor([0]), torch.tensor(2.0))
+
+
+def test_zero_dim_index_select_and_gather_read_their_one_entry():
+    x = torch.tensor(5.0)
+    check(lambda x, i: x.index_select(0, i), x, torch.tensor([0]))
+    check(lambda x, i: x.gather(0, i), x, torch.tensor(0))
+    check(lambda x, i: x.gather(0, i), x, torch.tensor([0, 0]))
+
+
+def test_set_past_the_storage_end_grows_it_as_on_cpu():
+    """set_ with a view beyond the storage's end grows the storage (kept
+    contents, the rest zero), so later reads see the same elements as CPU."""
+    results = []
+    for dev in ("cpu", "tpu"):
+        c = torch.arange(8.0, device=dev)
+        a = torch.empty(0, device=dev).set_(c.untyped_storage(), 6, (4,), (1,))
+        a[2:].fill_(1.0)
+        results.append(((a * 1)[:2].cpu(), a.cpu(), c.untyped_storage().nbytes(), c.cpu()))
+    for got, expected in zip(results[1], results[0]):
+        assert got == expected if isinstance(got, int) else torch.equal(got, expected), (got, expected)

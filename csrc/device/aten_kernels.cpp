@@ -338,6 +338,16 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source, c10::SymIn
                                c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
   self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  // As CPU's set_: a view past the storage's end grows the storage.
+  if (self.numel() > 0) {
+    size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.itemsize(),
+                                                     self.storage_offset());
+    if (needed > self.storage().nbytes()) {
+      TORCH_CHECK(self.storage().resizable(), "Trying to resize storage that is not resizable");
+      DeviceLock lock;
+      grow_storage(self, needed);
+    }
+  }
   return self;
 }
 

@@ -138,6 +138,14 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     // checks its own arguments.
     return {};
   }
+  // Advanced indexing with more index tensors than dims: CPU raises
+  // IndexError; PyTorch's Python Meta kernel of index raises RuntimeError.
+  if (!sargs.empty() && sargs[0].name() == "self" && args.size() > 1 && args[0].isTensor())
+    for (size_t i = 1; i < sargs.size() && i < args.size(); ++i)
+      if (sargs[i].name() == "indices" && args[i].isList()) {
+        int64_t dim = args[0].toTensor().dim(), n = static_cast<int64_t>(args[i].toListRef().size());
+        TORCH_CHECK_INDEX(n <= dim, "too many indices for tensor of dimension ", dim, " (got ", n, ")");
+      }
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&meta_stack);

@@ -155,6 +155,12 @@ void LoweringContext::not_implemented(const std::string& why) const {
                        why);
 }
 
+void LoweringContext::index_error(const std::string& why) const {
+  // std::out_of_range: the frontends raise it as IndexError (as wrap_dim's).
+  throw std::out_of_range("torch_pjrt: lowering of aten::" + op + (overload.empty() ? "" : "." + overload) + ": " +
+                          why);
+}
+
 int64_t wrap_dim(int64_t dim, int64_t rank) {
   int64_t r = std::max<int64_t>(rank, 1);
   if (dim < -r || dim >= r)

@@ -108,6 +108,8 @@ struct LoweringContext {
   // What PyTorch's CPU kernel has no implementation of (e.g. a dtype): raised
   // as NotImplementedError, as CPU does, rather than RuntimeError.
   [[noreturn]] void not_implemented(const std::string& why) const;
+  // An index or indexing argument CPU rejects with IndexError (raised as such).
+  [[noreturn]] void index_error(const std::string& why) const;
 };
 
 using LowerFn = std::function<std::vector<Value>(LoweringContext&)>;

@@ -64,6 +64,10 @@ AdvancedIndex advanced_index(LoweringContext& ctx, const Value& self) {
   std::vector<int64_t> indexed;
   std::vector<Value> idx;
   if (arg.kind == Arg::OptTensorList) {
+    // (PyTorch's Meta kernel of index_put does not check this.)
+    if (static_cast<int64_t>(arg.opt_tensors.size()) > self.rank())
+      ctx.index_error("too many indices for tensor of dimension " + std::to_string(self.rank()) + " (got " +
+                      std::to_string(arg.opt_tensors.size()) + ")");
     for (size_t d = 0; d < arg.opt_tensors.size(); ++d) {
       if (!arg.opt_tensors[d]) continue;
       const Value& t = *arg.opt_tensors[d];
@@ -71,7 +75,8 @@ AdvancedIndex advanced_index(LoweringContext& ctx, const Value& self) {
       // shape. index_put handles a lone mask without it (masked_index_put).
       if (t.dtype() == DType::Bool || t.dtype() == DType::U8)
         ctx.fail("a boolean/uint8 mask combined with other index tensors is not supported");
-      if (!is_integral(t.dtype(), false)) ctx.fail("tensors used as indices must be long or int");
+      if (!is_integral(t.dtype(), false))
+        ctx.index_error("tensors used as indices must be long, int, byte or bool tensors");
       indexed.push_back(static_cast<int64_t>(d));
       idx.push_back(t);
       ai.batch = broadcast_shapes(ai.batch, t.shape());
@@ -144,11 +149,17 @@ Value masked_index_put(LoweringContext& ctx, const Value& self, int64_t p, const
                        bool accumulate) {
   Builder& b = ctx.b;
   int64_t k = mask_in.rank();
-  if (p + k > self.rank()) ctx.fail("too many indices for tensor of dimension " + std::to_string(self.rank()));
+  if (p + k > self.rank())
+    ctx.index_error("too many indices for tensor of dimension " + std::to_string(self.rank()) + " (got " +
+                    std::to_string(p + k) + ")");
   Shape before(self.shape().begin(), self.shape().begin() + p);
   Shape masked(self.shape().begin() + p, self.shape().begin() + p + k);
   Shape after(self.shape().begin() + p + k, self.shape().end());
-  if (mask_in.shape() != masked) ctx.fail("the shape of the mask does not match the shape of the indexed tensor");
+  for (int64_t j = 0; j < k; ++j)
+    if (mask_in.shape()[j] != masked[j])
+      ctx.index_error("The shape of the mask [" + std::to_string(mask_in.shape()[j]) + "] at index " +
+                      std::to_string(j) + " does not match the shape of the indexed tensor [" +
+                      std::to_string(masked[j]) + "] at index " + std::to_string(p + j));
   Value mask = b.convert(mask_in, DType::Bool);
   Value values = b.convert(ctx.tensor("values"), dt);
   Shape result = before;

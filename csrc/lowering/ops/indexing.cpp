@@ -26,13 +26,21 @@ std::vector<Value> index_select(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   // PyTorch's Meta kernel leaves these checks to the device kernel.
   const Value& index = ctx.tensor("index");
-  if (index.rank() > 1) ctx.fail("index_select(): Index is supposed to be a vector");
+  if (index.rank() > 1) ctx.index_error("index_select(): Index is supposed to be a vector");
   if (index.dtype() != DType::I64 && index.dtype() != DType::I32)
     ctx.fail("index_select(): Expected dtype int32 or int64 for index");
-  if (out.numel() == 0) return {b.zeros(out)};
-  if (x.rank() == 0) return {x};
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
   Value idx = b.reshape(index, {index.type.numel()});  // a 0-d index selects one entry
+  if (x.rank() == 0) {  // CPU: one index, which must be 0
+    if (index.type.numel() != 1)
+      ctx.fail("index_select(): Index to scalar can have only 1 value, got " + std::to_string(index.type.numel()) +
+               " value(s)");
+    ctx.check_indices(idx, 0, 1, "index_select(): index out of range in self");
+    return {x};
+  }
+  if (out.numel() == 0) return {b.zeros(out)};
+  // Every index is out of range of an empty dim (XLA rejects the gather).
+  if (x.shape()[dim] == 0) ctx.index_error("index_select(): index out of range in self");
   ctx.check_indices(idx, 0, x.shape()[dim], "index_select(): index out of range in self");
   return {gather_along(b, x, b.broadcast_in_dim(idx, out.shape, {dim}), dim)};
 }
@@ -42,13 +50,14 @@ std::vector<Value> gather(LoweringContext& ctx) {
   const Value& x = ctx.tensor("self");
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
-  if (x.rank() == 0) return {x};
-  Value idx = b.reshape(ctx.tensor("index"), out.shape);
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
-  ctx.check_indices(idx, 0, x.shape()[dim], "gather(): index out of bounds for dimension " +
-                                                std::to_string(dim) + " with size " +
-                                                std::to_string(x.shape()[dim]),
+  int64_t size = x.rank() == 0 ? 1 : x.shape()[dim];  // a 0-d self has one entry, index 0
+  Value idx = b.reshape(ctx.tensor("index"), out.shape);
+  ctx.check_indices(idx, 0, size,
+                    "gather(): index out of bounds for dimension " + std::to_string(dim) + " with size " +
+                        std::to_string(size),
                     LoweringContext::CheckError::Runtime);
+  if (x.rank() == 0) return {b.broadcast_to(x, out.shape)};
   return {gather_along(b, x, idx, dim)};
 }
 
