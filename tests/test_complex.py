@@ -86,6 +86,19 @@ def test_unary_on_device(dt, op, no_cpu_fallback):
     assert_same(UNARY[op](tpu(x)), UNARY[op](x), **tol)
 
 
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_abs_nan_and_inf_components(dt, no_cpu_fallback):
+    # As CPU's hypot: inf when either part is infinite (even with a NaN), else
+    # NaN when either part is NaN (abs(1e-3 + nan j) was finite).
+    inf, nan = float("inf"), float("nan")
+    re = [1e-3, nan, 3.0, inf, nan, -inf, nan, 0.0, -2.0, 1e-30, 0.0, -0.0]
+    im = [nan, 2.0, 4.0, nan, -inf, 1.0, nan, -inf, nan, nan, 0.0, -0.0]
+    rt = torch.float32 if dt == torch.complex64 else torch.float64
+    z = torch.complex(torch.tensor(re, dtype=rt), torch.tensor(im, dtype=rt))
+    assert_same(tpu(z).abs(), z.abs())
+    assert_same(torch.abs(tpu(z)[::2]), torch.abs(z[::2]))
+
+
 def test_real_input_angle_and_complex():
     r = torch.tensor([-1.0, 0.0, 2.0, float("nan"), -0.0])
     assert_same(torch.angle(tpu(r)), torch.angle(r))

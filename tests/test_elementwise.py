@@ -219,6 +219,28 @@ def test_pow_int_negative_exponent():
         torch.pow(tpu(a), -2)
 
 
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_pow_int_large_exponents_wrap_like_cpu(dtype):
+    # CPU squares and multiplies over every bit of the exponent, wrapping on
+    # overflow: 0 ** 64 == 0, 2 ** 65 wraps to 0, uint8 3 ** 255 == 171. Exact.
+    info = torch.iinfo(dtype)
+    exps = [e for e in [0, 1, 2, 3, 5, 31, 63, 64, 65, 70, 100, 127, 128, 255, 1000, 2**31 - 1, 2**40 + 3, 2**62 + 1]
+            if e <= info.max]
+    bases = torch.tensor([v for v in [0, 1, -1, 2, -2, 3, -3, 7, 255, 2**20 + 1] if info.min <= v <= info.max],
+                         dtype=dtype)
+    for e in exps:
+        assert_same(tpu(bases) ** e, bases ** e)
+    ee = torch.tensor(exps, dtype=dtype)
+    b2, e2 = bases[:, None].expand(-1, len(exps)), ee[None, :].expand(len(bases), -1)
+    assert_same(torch.pow(tpu(b2), tpu(e2)), torch.pow(b2, e2))
+    assert_same(torch.pow(0, tpu(ee)), torch.pow(0, ee))
+    assert_same(torch.pow(3, tpu(ee)), torch.pow(3, ee))
+    if dtype != torch.uint8:  # negative tensor exponents: 1, +-1 for base -1, else 0
+        neg = torch.tensor([-1, -2, -3, -64, -65, info.min], dtype=dtype)
+        b3, e3 = bases[:, None].expand(-1, len(neg)), neg[None, :].expand(len(bases), -1)
+        assert_same(torch.pow(tpu(b3), tpu(e3)), torch.pow(b3, e3))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
 def test_clamp_tensor_bounds(dtype):
     x = make((3, 4), dtype)
@@ -334,6 +356,72 @@ def test_bool_times_inf_and_nan_is_nan_where_false():
         got = (tpu(m) * (tpu(other) if isinstance(other, torch.Tensor) else other)).cpu()
         assert torch.equal(torch.signbit(got), torch.signbit(want)) or want.isnan().any()
         torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_bool_divided_by_scalar_is_nan_where_false():
+    # False / 0 is 0 / 0 = nan on CPU, False / -2.5 is -0.0; XLA rewrites
+    # convert(p) / c into a select that loses both. Exact, signs of zeros too.
+    m = torch.tensor([False, True, False, True])
+    divisors = [0, 0.0, -0.0, float("nan"), float("inf"), -2.5, torch.tensor(0.0), torch.tensor(float("nan")),
+                torch.tensor(False), torch.tensor(-0.0, dtype=torch.float16), torch.tensor([0.0, 0.0, -1.0, 0.0])]
+    for d in divisors:
+        td = tpu(d) if isinstance(d, torch.Tensor) else d
+        fns = [lambda x, y: x / y]
+        if not (isinstance(d, int) or (isinstance(d, torch.Tensor) and d.dtype == torch.bool)):
+            fns += [lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+                    lambda x, y: torch.div(x, y, rounding_mode="floor"), lambda x, y: x // y]
+        for i, fn in enumerate(fns):
+            want, got = fn(m, d), fn(tpu(m), td).cpu()
+            torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0, msg=lambda s: f"/ {d!r} fn {i}: {s}")
+            assert torch.equal(torch.signbit(got), torch.signbit(want)) or want.isnan().any(), (d, i, got, want)
+
+
+def test_uint64_alpha_is_not_silently_ignored():
+    # add(x, x, alpha=2**63): alpha arrives as a uint64 Scalar. It was read as 0
+    # (x + 0 * x == x); CPU gives x * (1 + 2**63). Until the eager executor
+    # parses uint64 Scalars the lowering must raise rather than ignore it.
+    x = torch.tensor([1.0, 2.0])
+    for fn in [lambda t: torch.add(t, t, alpha=2**63), lambda t: torch.sub(t, t, alpha=2**64 - 1)]:
+        want = fn(x)
+        try:
+            got = fn(tpu(x))
+        except RuntimeError:
+            continue
+        assert_same(got, want)
+
+
+@pytest.mark.xfail(strict=True, reason="uint64 Scalars (Python ints in [2**63, 2**64)) are not parsed by the "
+                   "eager executor (csrc/eager/plan_build.cpp, op_instance.cpp): they reach lowerings as "
+                   "'not a scalar'")
+def test_uint64_python_scalars_like_cpu():
+    x = torch.tensor([1.0, 2.0])
+    for fn in [lambda t: torch.add(t, t, alpha=2**63), lambda t: t == 2**63, lambda t: t.clone().fill_(2**63),
+               lambda t: t.clamp(max=2**63), lambda t: t * 2**63, lambda t: t.masked_fill(t > 1, 2**63),
+               lambda t: 2**63 ** t, lambda t: t.long() % 2**63, lambda t: t.long() & 2**63]:
+        assert_same(fn(tpu(x)), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_mul_div_by_scalar_compute_in_float32(dtype):
+    # CPU's mul/div kernels take a one-element `other` at its original value in
+    # float32 (opmath) and round once: 0 * 2**31 is 0, not 0 * inf = nan, in
+    # float16. add/sub/remainder and a scalar `self` round the scalar to the
+    # dtype first (2**-8 + 1.00390625 is 1.0 in bfloat16). Exact.
+    x = torch.tensor([0.0, 1.0, -3.0, 2**-8, 100.0], dtype=dtype)
+    cases = [
+        lambda t: t * 2**31, lambda t: t.clone().mul_(70000), lambda t: t * 1e6, lambda t: t * 1.00390625,
+        lambda t: t * torch.tensor(2**31, device=t.device), lambda t: t * torch.tensor(1e6, dtype=torch.float64),
+        lambda t: t * torch.tensor([2**31]).to(t.device), lambda t: t / 1e-8, lambda t: t / 0.99609375,
+        lambda t: t.clone().div_(1e-8), lambda t: t / torch.tensor(1e-8, device=t.device),
+        lambda t: t.div(1e-8, rounding_mode="floor"), lambda t: t.div(1e-8, rounding_mode="trunc"),
+        lambda t: t // 1e-8, lambda t: torch.floor_divide(t, 0.99609375),
+        # The scalar rounded to the dtype first, as on CPU:
+        lambda t: t + 1.00390625, lambda t: t - 1.00390625, lambda t: torch.add(t, 1e4, alpha=1e-4),
+        lambda t: t % 1e-8, lambda t: torch.mul(torch.tensor(1e6, dtype=torch.float64).to(t.device), t),
+    ]
+    for i, fn in enumerate(cases):
+        want, got = fn(x), fn(tpu(x)).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0, msg=lambda m: f"case {i}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

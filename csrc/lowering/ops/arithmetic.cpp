@@ -4,6 +4,17 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
+// The dtype mul/div/floor_divide compute in. CPU's kernels take a one-element
+// `other` (Python scalar, 0-d or one-element tensor) of a float16/bfloat16
+// result at its original value in float32 (opmath) and round once: 0 * 2**31
+// is 0, where rounding 2**31 to float16 first gives 0 * inf = nan.
+// (add/sub/remainder round the scalar to the dtype first, as computed here.)
+DType scalar_math_dtype(const LoweringContext& ctx, DType dt) {
+  const Arg& o = ctx.arg("other");
+  bool one_element = o.kind != Arg::Tensor || numel(o.tensor.shape()) == 1;
+  return one_element ? math_dtype(dt) : dt;
+}
+
 // add/sub: self + alpha * other, computed in the promoted dtype.
 std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   Builder& b = ctx.b;
@@ -12,31 +23,34 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   Value a = operand_as(ctx, "self", dt, shape);
   Value o = operand_as(ctx, "other", dt, shape);
   // A runtime alpha (optimizers' -lr) always multiplies; a constant 1 is skipped.
+  // Read through ctx.scalar, which raises for an argument the executor could not
+  // parse as a number (a Python int >= 2**63) instead of taking it as 0.
   const Arg* alpha = ctx.find("alpha");
   if (alpha && alpha->dynamic)
     o = b.binary("multiply", o, b.broadcast_to(ctx.operand("alpha", o.dtype()), shape));
-  else if (alpha && alpha->kind != Arg::None && alpha->scalar.to_double() != 1.0)
-    o = b.binary("multiply", o, b.splat(alpha->scalar, o.type));
+  else if (ctx.has("alpha") && ctx.scalar("alpha").to_double() != 1.0)
+    o = b.binary("multiply", o, b.splat(ctx.scalar("alpha"), o.type));
   if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
     return {b.binary("or", a, o)};
   return {b.binary(hlo, a, o)};
 }
 
 std::vector<Value> mul(LoweringContext& ctx) {
-  DType dt = compute_dtype(ctx, "self", "other");
+  Builder& b = ctx.b;
+  DType dt = compute_dtype(ctx, "self", "other"), mt = scalar_math_dtype(ctx, dt);
   const Shape& shape = ctx.out().shape;
   if (dt != DType::Bool && (is_float(dt) || is_complex(dt))) {
     // A bool factor as select(p, x, x * 0): XLA rewrites convert(p) * x into
     // select(p, x, 0), which loses False * inf = nan (and -0.0).
     for (const auto& [flag, other] : {std::pair{"self", "other"}, std::pair{"other", "self"}}) {
       if (ctx.promotion(flag).dtype != DType::Bool || ctx.promotion(other).dtype == DType::Bool) continue;
-      Value p = ctx.b.broadcast_to(ctx.operand(flag, DType::Bool), shape);
-      Value x = operand_as(ctx, other, dt, shape);
-      return {ctx.b.select(p, x, ctx.b.binary("multiply", x, splat_like(ctx.b, 0, x)))};
+      Value p = b.broadcast_to(ctx.operand(flag, DType::Bool), shape);
+      Value x = operand_as(ctx, other, mt, shape);
+      return {b.convert(b.select(p, x, b.binary("multiply", x, splat_like(b, 0, x))), dt)};
     }
   }
-  Value a = operand_as(ctx, "self", dt, shape), o = operand_as(ctx, "other", dt, shape);
-  return {ctx.b.binary(dt == DType::Bool ? "and" : "multiply", a, o)};
+  Value a = operand_as(ctx, "self", mt, shape), o = operand_as(ctx, "other", mt, shape);
+  return {b.convert(b.binary(dt == DType::Bool ? "and" : "multiply", a, o), dt)};
 }
 
 // Integer division and remainder by zero raise on CPU ("ZeroDivisionError",
@@ -47,29 +61,47 @@ void check_divisor(LoweringContext& ctx, const Value& d) {
                 LoweringContext::CheckError::Runtime);
 }
 
+// fn(self, other) for a float/complex division-like op. A bool dividend as
+// select(p, fn(1, d), fn(0, d)): XLA rewrites convert(p) / d into a select
+// that gives 0 where p is false, losing False / 0 = nan and -0.0 (as mul).
+template <class Fn>
+Value divide_operands(LoweringContext& ctx, DType mt, const Fn& fn) {
+  Builder& b = ctx.b;
+  const Shape& shape = ctx.out().shape;
+  Value d = operand_as(ctx, "other", mt, shape);
+  check_divisor(ctx, d);
+  if (ctx.promotion("self").dtype == DType::Bool && (is_float(mt) || is_complex(mt))) {
+    Value p = b.broadcast_to(ctx.operand("self", DType::Bool), shape);
+    return b.select(p, fn(splat_like(b, 1, d), d), fn(splat_like(b, 0, d), d));
+  }
+  return fn(operand_as(ctx, "self", mt, shape), d);
+}
+
 std::vector<Value> div(LoweringContext& ctx) {
   Builder& b = ctx.b;
   std::string mode = ctx.str("rounding_mode");
   DType dt = compute_dtype(ctx, "self", "other");
   if (mode.empty() && !is_float(dt) && !is_complex(dt)) dt = DType::F32;  // true division of integers
-  const Shape& shape = ctx.out().shape;
-  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
-  check_divisor(ctx, d);
-  if (mode == "floor") return {floor_divide(b, a, d)};
-  Value q = b.binary("divide", a, d);  // integer divide truncates
-  if (mode == "trunc" && is_float(dt))
-    q = b.select(b.compare(Cmp::LT, q, splat_like(b, 0, q)), b.unary("ceil", q), b.unary("floor", q));
-  return {q};
+  DType mt = scalar_math_dtype(ctx, dt);
+  Value q = divide_operands(ctx, mt, [&](const Value& a, const Value& d) {
+    if (mode == "floor") return floor_divide(b, a, d);
+    Value q = b.binary("divide", a, d);  // integer divide truncates
+    if (mode == "trunc" && is_float(mt))
+      q = b.select(b.compare(Cmp::LT, q, splat_like(b, 0, q)), b.unary("ceil", q), b.unary("floor", q));
+    return q;
+  });
+  return {b.convert(q, dt)};
 }
 
-// Division-like ops computed in the promoted dtype on operands broadcast to the output.
-template <Value (*Fn)(Builder&, const Value&, const Value&)>
+// Division-like ops computed in the promoted dtype on operands broadcast to
+// the output; `scalar_opmath`: as CPU's floor_divide, in float32 for a
+// one-element divisor of a half result (see scalar_math_dtype).
+template <Value (*Fn)(Builder&, const Value&, const Value&), bool scalar_opmath = false>
 std::vector<Value> promoted_division(LoweringContext& ctx) {
   DType dt = compute_dtype(ctx, "self", "other");
-  const Shape& shape = ctx.out().shape;
-  Value a = operand_as(ctx, "self", dt, shape), d = operand_as(ctx, "other", dt, shape);
-  check_divisor(ctx, d);
-  return {Fn(ctx.b, a, d)};
+  DType mt = scalar_opmath ? scalar_math_dtype(ctx, dt) : dt;
+  Value r = divide_operands(ctx, mt, [&](const Value& a, const Value& d) { return Fn(ctx.b, a, d); });
+  return {ctx.b.convert(r, dt)};
 }
 
 Value c_remainder(Builder& b, const Value& a, const Value& d) { return b.binary("remainder", a, d); }
@@ -101,7 +133,7 @@ TORCH_PJRT_LOWERING("mul", mul);
 TORCH_PJRT_LOWERING("div", div);
 TORCH_PJRT_LOWERING("remainder", promoted_division<python_remainder>);
 TORCH_PJRT_LOWERING("fmod", promoted_division<c_remainder>);
-TORCH_PJRT_LOWERING("floor_divide", promoted_division<floor_divide>);
+TORCH_PJRT_LOWERING("floor_divide", promoted_division<floor_divide, true>);
 // xlogy(x, y) = x * log(y), 0 where x == 0, NaN where y is NaN (kl_div uses it);
 // half types computed in float32 as on CPU.
 TORCH_PJRT_LOWERING("xlogy", [](LoweringContext& ctx) -> std::vector<Value> {

@@ -2,6 +2,7 @@
 // default float (ctx.out().dtype); float16/bfloat16 are computed in float32 and
 // rounded once, as PyTorch's CPU kernels do.
 #include <cmath>
+#include <optional>
 
 #include "lowering/ops/common.h"
 
@@ -20,19 +21,29 @@ Value reciprocal(Builder& b, const Value& x) {
   return b.binary("divide", splat_like(b, 1, x), x);
 }
 
-// abs/neg/sign/ceil/floor/round/trunc keep the input dtype (ints included).
-std::vector<Value> abs(LoweringContext& ctx) {
-  Value x = ctx.tensor("self");
-  if (is_unsigned(x.dtype()) || x.dtype() == DType::Bool) return {x};
-  if (is_complex(x.dtype())) return {ctx.b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()})};
-  return {ctx.b.unary("abs", x)};
-}
-
 Value real_part(Builder& b, const Value& x) {
   return b.op("stablehlo.real", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
 }
 Value imag_part(Builder& b, const Value& x) {
   return b.op("stablehlo.imag", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
+}
+
+// abs/neg/sign/ceil/floor/round/trunc keep the input dtype (ints included).
+std::vector<Value> abs(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (is_unsigned(x.dtype()) || x.dtype() == DType::Bool) return {x};
+  if (is_complex(x.dtype())) {
+    // |z| with hypot's special values, as CPU: inf when either part is
+    // infinite (even beside a NaN), else NaN when either part is NaN. XLA's
+    // scaled abs drops a NaN part beside a finite one (|1e-3 + nan j| = 0.0014).
+    Value r = b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
+    Value re = b.unary("abs", real_part(b, x)), im = b.unary("abs", imag_part(b, x));
+    Value inf = splat_like(b, INFINITY, r), sum = b.binary("add", re, im);
+    r = b.select(b.compare(Cmp::NE, sum, sum), sum, r);  // sum is NaN if either part is
+    return {b.select(b.binary("or", b.compare(Cmp::EQ, re, inf), b.compare(Cmp::EQ, im, inf)), inf, r)};
+  }
+  return {b.unary("abs", x)};
 }
 
 // angle: atan2(imag, real) for complex; for real inputs pi below zero, else 0 (NaN kept).
@@ -175,6 +186,41 @@ std::vector<Value> logit_backward(LoweringContext& ctx) {
   return {b.convert(r, out.dtype)};
 }
 
+// Integer pow as CPU's powi: square-and-multiply over every bit of the
+// exponent, the products wrapping. (XLA's integer stablehlo.power only looks
+// at the exponent's low 6 bits: 0 ** 64 gave 1.) `known`: the exponent's
+// value when it is a build-time scalar (already wrapped to the dtype), so only
+// its set bits cost ops; else `e` is a tensor of base's dtype and shape.
+// Negative exponents, as powi: 1 for base 1, +-1 for base -1, else 0.
+Value integer_pow(Builder& b, const Value& base, const Value& e, std::optional<int64_t> known) {
+  DType dt = base.dtype();
+  int bits = 8 * int(itemsize(dt));
+  Value one = splat_like(b, 1, base), zero = splat_like(b, 0, base);
+  Value r = one, sq = base, rest = e;
+  uint64_t k = known ? uint64_t(*known) : 0;
+  if (known && bits < 64) k &= (uint64_t(1) << bits) - 1;
+  bool known_negative = known && *known < 0 && !is_unsigned(dt);
+  for (int i = 0; i < bits && !known_negative; ++i) {
+    if (known) {
+      if (k >> i & 1) r = b.binary("multiply", r, sq);
+      if (!(k >> (i + 1))) break;
+    } else {
+      Value bit_set = b.compare(Cmp::NE, b.binary("and", rest, one), zero);
+      r = b.select(bit_set, b.binary("multiply", r, sq), r);
+      if (i + 1 == bits) break;
+      rest = b.op("stablehlo.shift_right_logical", {rest, one}, rest.type);
+    }
+    sq = b.binary("multiply", sq, sq);
+  }
+  if (is_unsigned(dt) || (known && !known_negative)) return r;
+  Value odd = b.compare(Cmp::NE, b.binary("and", e, one), zero);
+  Value minus_one = splat_like(b, -1, base);
+  Value neg = b.select(b.compare(Cmp::EQ, base, one), one,
+                       b.select(b.compare(Cmp::EQ, base, minus_one), b.select(odd, minus_one, one), zero));
+  if (known) return neg;
+  return b.select(b.compare(Cmp::LT, e, zero), neg, r);
+}
+
 // pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
 // scalar. Computed in the promoted output dtype.
 std::vector<Value> pow(LoweringContext& ctx) {
@@ -185,7 +231,24 @@ std::vector<Value> pow(LoweringContext& ctx) {
   const Arg& e = ctx.arg("exponent");
   // Exact squares, as PyTorch special-cases them.
   if (e.kind != Arg::Tensor && e.scalar.to_double() == 2.0) return {b.convert(b.binary("multiply", base, base), out)};
-  return {b.convert(b.binary("power", base, operand_as(ctx, "exponent", dt, shape)), out)};
+  Value exponent = operand_as(ctx, "exponent", dt, shape);
+  // bool ** bool (the only pow with a bool result): x ** True = x, x ** False = True, as CPU.
+  if (dt == DType::Bool) return {b.binary("or", base, b.unary("not", exponent))};
+  if (is_integral(dt, /*include_bool=*/false)) {
+    std::optional<int64_t> known;
+    if (e.kind == Arg::Int || e.kind == Arg::Bool) {
+      // The scalar as CPU converts it to the dtype (two's complement wrap).
+      int bits = 8 * int(itemsize(dt));
+      uint64_t u = uint64_t(ctx.scalar("exponent").i);
+      if (bits < 64) {
+        u &= (uint64_t(1) << bits) - 1;
+        if (!is_unsigned(dt) && (u >> (bits - 1))) u |= ~((uint64_t(1) << bits) - 1);
+      }
+      known = int64_t(u);
+    }
+    return {integer_pow(b, base, exponent, known)};
+  }
+  return {b.convert(b.binary("power", base, exponent), out)};
 }
 
 }  // namespace
