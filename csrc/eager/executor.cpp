@@ -337,6 +337,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   std::shared_ptr<Plan> plan = cache_find(runtime_floats ? inst.key : inst.static_key());
   if (plan) {
     runtime::metrics().executable_cache_hits++;
+    if (!plan->scalar_checks.empty()) check_scalars(plan->scalar_checks, inst, display);
     if (mode == FloatMode::Validated) {
       std::vector<Resize> unused;
       run_meta(op, args, inst, &unused, /*dry=*/true);  // raises for invalid values, as CPU does
@@ -348,7 +349,19 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   } else {
     runtime::metrics().executable_cache_misses++;
     std::vector<Resize> resizes;
-    torch::jit::Stack meta = run_meta(op, args, inst, &resizes);
+    torch::jit::Stack meta;
+    try {
+      meta = run_meta(op, args, inst, &resizes);
+    } catch (const std::exception&) {
+      // CPU's error type where CPU raises too; CPU's results where it does not.
+      std::optional<torch::jit::Stack> cpu = meta_failed(op, args, info->needs_rng);
+      if (!cpu) throw;
+      meta = std::move(*cpu);
+    }
+    real_compute_for_complex_out(op, args, meta);
+    // What only CPU's kernel checks (a dtype it does not implement, an out=
+    // dtype, a scalar that does not fit): asked once per new signature.
+    check_like_cpu(op, args, info->needs_rng, meta);
     bool dynamic = mode != FloatMode::Static;
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
     if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
@@ -367,6 +380,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
     }
     plan->resizes = std::move(resizes);
+    // A float argument that is a runtime input: CPU's overflow check, per call.
+    if (dynamic) plan->scalar_checks = learn_scalar_checks(op, args, inst, info->needs_rng, meta);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
     cache_put(dynamic ? inst.key : inst.static_key(), plan);
   }

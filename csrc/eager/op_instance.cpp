@@ -138,7 +138,7 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
       inst.put(v.toInt());
     } else if (v.isDouble()) {
       inst.put('d');
-      inst.put_float_arg(v.toDouble());
+      inst.put_float_arg(v.toDouble(), ai);
     } else if (v.isIntList()) {
       inst.put('l');
       inst.put(v.toIntVector());

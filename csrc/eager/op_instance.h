@@ -27,6 +27,7 @@ struct Slot {
 struct ScalarInput {
   double value;
   bool from_float_arg;  // a `float`/`Scalar` argument (runtime only in dynamic mode)
+  int arg = -1;         // that argument's index (not for list elements and tensors)
 };
 
 struct OpInstance {
@@ -56,9 +57,9 @@ struct OpInstance {
   }
   void put(const std::string& s) { put_raw(s.data(), s.size()); put('\0'); }
   // A float that is a runtime input in dynamic mode, part of the key otherwise.
-  void put_float_arg(double d) {
+  void put_float_arg(double d, int arg = -1) {
     key.push_back('~');
-    scalars.push_back(ScalarInput{d, true});
+    scalars.push_back(ScalarInput{d, true, arg});
   }
 };
 

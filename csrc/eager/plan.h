@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "eager/cpu_check.h"
 #include "eager/op_instance.h"
 #include "lowering/registry.h"
 #include "runtime/pjrt_runtime.h"
@@ -61,6 +62,9 @@ struct Plan {
   std::vector<Resize> resizes;
   bool read_scalar_value = false;  // the lowering used a runtime scalar's value
   int check_output = -1;  // the updated check word (value checks), when the op has checks
+  // Runtime float arguments CPU's kernel converts with an overflow check:
+  // checked on every call (cpu_check.h).
+  std::vector<ScalarCheck> scalar_checks;
 };
 
 // PyTorch's Meta kernel on meta copies of the arguments (shapes, dtypes,

@@ -9,6 +9,7 @@
 
 #include "device/dtype_map.h"
 #include "eager/env.h"
+#include "eager/ivalue_tensors.h"
 #include "eager/plan.h"
 
 namespace torch_pjrt::eager {
@@ -70,23 +71,8 @@ c10::IValue to_meta(const c10::IValue& v) {
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   };
-  if (v.isTensor()) return conv(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(conv(t));
-    return out;
-  }
-  if (v.isList()) {
-    auto ref = v.toListRef();
-    if (!ref.empty() && (ref[0].isTensor() || ref[0].isNone())) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const auto& e : ref)
-        out.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(conv(e.toTensor())));
-      return out;
-    }
-  }
   if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
-  return v;
+  return map_tensors(v, conv);
 }
 
 // Runs a lowering; a dimension or index out of range (std::out_of_range, as

@@ -1,0 +1,363 @@
+#include "eager/cpu_check.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "eager/ivalue_tensors.h"
+
+namespace torch_pjrt::eager {
+
+namespace {
+
+// Calls of at most this many elements (tpu inputs and outputs together) are
+// probed; larger ones are not (their probe would cost as much as the call).
+constexpr int64_t kProbeElements = 4096;
+// A value no float argument fits in any dtype but double.
+constexpr double kHugeFloat = 1e300;
+
+// What CPU raised, kept to raise again with the same type.
+struct CpuError {
+  enum Kind { Runtime, NotImplemented, Value, Type } kind = Runtime;
+  std::string message;
+};
+
+enum class Outcome { Ok, Failed, Ignored };
+
+// The probe's copy of one argument: tpu tensors become CPU tensors of the same
+// dtype and shape filled with `fill`.
+struct ProbeArgs {
+  double fill;
+  at::Tensor tensor(const at::Tensor& t) const {
+    if (!t.defined()) return t;
+    // A CPU argument (a 0-d scalar, an optimizer's step count) is copied: the
+    // probe may write it.
+    if (t.device().type() != c10::DeviceType::PrivateUse1) return t.clone();
+    at::Tensor r = at::empty(t.sizes(), t.options().device(c10::kCPU));
+    r.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
+    return r;
+  }
+  c10::IValue operator()(const c10::IValue& v) const {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
+    return map_tensors(v, [&](const at::Tensor& t) { return tensor(t); });
+  }
+};
+
+torch::jit::Stack probe_stack(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                              const ProbeArgs& make) {
+  torch::jit::Stack stack;
+  for (const auto& v : args) stack.push_back(make(v));
+  return stack;
+}
+
+// The probe's own warnings (an out= tensor resized) are not the user's.
+struct QuietWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+// Runs the op on `stack` (CPU or meta tensors); what it raised, if anything.
+Outcome call(const c10::OperatorHandle& op, torch::jit::Stack stack, CpuError* err) {
+  QuietWarnings quiet;
+  c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
+  try {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.callBoxed(&stack);
+    return Outcome::Ok;
+  } catch (const c10::NotImplementedError& e) {
+    std::string msg = e.what_without_backtrace();
+    // Only a dtype the kernel does not implement (AT_DISPATCH's message): no
+    // CPU kernel at all, or a stub for devices to override, says nothing.
+    if (msg.find("not implemented for '") == std::string::npos) return Outcome::Ignored;
+    if (err) *err = CpuError{CpuError::NotImplemented, msg};
+  } catch (const c10::IndexError&) {
+    return Outcome::Ignored;  // an index value of the probe's data (the device checks the real ones)
+  } catch (const c10::LinAlgError&) {
+    return Outcome::Ignored;  // the probe's matrix, not the call's
+  } catch (const c10::ValueError& e) {
+    if (err) *err = CpuError{CpuError::Value, e.what_without_backtrace()};
+  } catch (const c10::TypeError& e) {
+    if (err) *err = CpuError{CpuError::Type, e.what_without_backtrace()};
+  } catch (const c10::Error& e) {
+    if (err) *err = CpuError{CpuError::Runtime, e.what_without_backtrace()};
+  } catch (const std::runtime_error& e) {
+    // (checked_convert's overflow: c10::report_overflow throws std::runtime_error.)
+    if (err) *err = CpuError{CpuError::Runtime, e.what()};
+  } catch (const std::exception&) {
+    return Outcome::Ignored;  // (a Python kernel's error: not a check of this kind)
+  }
+  return Outcome::Failed;
+}
+
+// The call fails as `err` did (type and message).
+bool same_failure(const c10::OperatorHandle& op, torch::jit::Stack stack, const CpuError& err) {
+  CpuError again;
+  return call(op, std::move(stack), &again) == Outcome::Failed && again.kind == err.kind &&
+         again.message == err.message;
+}
+
+bool skipped(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, bool random) {
+  if (random) return true;  // would draw from CPU's generator
+  // Autograd's own calls: CPU's backward kernels take what CPU's forward
+  // gives (a bfloat16 batch norm's float statistics), which the tpu forward
+  // need not; a user's error shows at the forward.
+  const std::string& name = schema.name();
+  if (name.size() > 9 && name.compare(name.size() - 9, 9, "_backward") == 0) return true;
+  for (const auto& r : schema.returns())
+    if (r.alias_info() && !r.alias_info()->isWrite()) return true;  // a view: no kernel computes
+  for (const auto& a : schema.arguments()) {
+    auto t = a.real_type();
+    if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+    if (t->kind() == c10::TypeKind::GeneratorType || t->kind() == c10::TypeKind::StorageType) return true;
+  }
+  for (const auto& v : args)
+    if (v.isStorage() || v.isObject() || v.isCapsule()) return true;
+  return false;
+}
+
+int64_t tpu_elements(c10::ArrayRef<c10::IValue> args) {
+  int64_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) n += t.numel();
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
+    else if (v.isList())
+      for (const auto& e : v.toListRef())
+        if (e.isTensor()) add(e.toTensor());
+  }
+  return n;
+}
+
+int64_t output_elements(const torch::jit::Stack& stack) {
+  int64_t n = 0;
+  for (const auto& v : stack) {
+    if (v.isTensor() && v.toTensor().defined()) n += v.toTensor().numel();
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) n += t.numel();
+  }
+  return n;
+}
+
+std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
+  std::ostringstream os;
+  bool first = true;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
+    os << (first ? "" : ", ") << c10::toString(t.scalar_type());
+    first = false;
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
+    else if (v.isList())
+      for (const auto& e : v.toListRef())
+        if (e.isTensor()) add(e.toTensor());
+  }
+  return os.str();
+}
+
+// Only calls this small are probed, with their own shapes and data of the
+// probe's. (Smaller shapes of a larger call are not a valid call of the op in
+// general: an int list argument such as layer_norm's normalized_shape must
+// match them; PyTorch's Meta kernels do not check all of that.)
+bool small_call(c10::ArrayRef<c10::IValue> args, int64_t meta_outputs) {
+  return tpu_elements(args) + meta_outputs <= kProbeElements;
+}
+
+[[noreturn]] void raise(const CpuError& e, const std::string& op, const std::string& dtypes) {
+  std::string msg = "torch_pjrt: " + op + " on tpu (" + dtypes + "): " + e.message;
+  switch (e.kind) {
+    case CpuError::NotImplemented:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+    case CpuError::Value:
+      TORCH_CHECK_VALUE(false, msg);
+    case CpuError::Type:
+      TORCH_CHECK_TYPE(false, msg);
+    case CpuError::Runtime:
+      break;
+  }
+  TORCH_CHECK(false, msg);
+}
+
+// checked_convert's names of its destination types (Scalar::to<T>'s #type).
+const std::vector<std::pair<std::string, c10::ScalarType>>& checked_names() {
+  static const std::vector<std::pair<std::string, c10::ScalarType>> names = {
+#define NAME_OF(type, name) {#type, c10::ScalarType::name},
+      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(NAME_OF)
+#undef NAME_OF
+  };
+  return names;
+}
+
+template <typename T>
+std::pair<double, double> range_of() {
+  return {static_cast<double>(std::numeric_limits<T>::lowest()), static_cast<double>(std::numeric_limits<T>::max())};
+}
+
+// c10::overflows<To, double> (checked_convert skips bool).
+bool overflows(double v, c10::ScalarType t) {
+  if (t == c10::kBool || t == c10::kDouble || t == c10::kComplexDouble) return false;
+  bool floating = c10::isFloatingType(t) || c10::isComplexType(t);
+  if (floating && (std::isinf(v) || std::isnan(v))) return false;
+  if (std::isnan(v)) return true;
+  std::pair<double, double> r;
+  switch (c10::isComplexType(t) ? c10::toRealValueType(t) : t) {
+#define RANGE_OF(type, name) \
+  case c10::ScalarType::name: r = range_of<type>(); break;
+    AT_FORALL_SCALAR_TYPES_AND3(Bool, Half, BFloat16, RANGE_OF)
+#undef RANGE_OF
+    default:
+      return false;
+  }
+  return v < r.first || v > r.second;
+}
+
+}  // namespace
+
+void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool random,
+                    const torch::jit::Stack& meta) {
+  const auto& schema = op.schema();
+  if (skipped(schema, args, random)) return;
+  if (!small_call(args, output_elements(meta))) return;
+  CpuError err;
+  if (call(op, probe_stack(schema, args, ProbeArgs{0.0}), &err) != Outcome::Failed) return;
+  // The same call with other data: an error of the probe's zeros (a singular
+  // matrix, an empty mask's selection) is not a check of this call; a check of
+  // dtypes or arguments fails the same way for any data.
+  if (!same_failure(op, probe_stack(schema, args, ProbeArgs{1.0}), err)) return;
+  raise(err, op_display_name(schema), dtypes_of(args));
+}
+
+std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                             const OpInstance& inst, bool random, const torch::jit::Stack& meta) {
+  std::vector<ScalarCheck> checks;
+  const auto& schema = op.schema();
+  bool any = false;
+  for (const ScalarInput& s : inst.scalars) any |= s.from_float_arg && s.arg >= 0;
+  if (!any || skipped(schema, args, random)) return checks;
+  if (!small_call(args, output_elements(meta))) return checks;
+  for (size_t k = 0; k < inst.scalars.size(); ++k) {
+    const ScalarInput& s = inst.scalars[k];
+    if (!s.from_float_arg || s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) continue;
+    torch::jit::Stack stack = probe_stack(schema, args, ProbeArgs{0.0});
+    stack[s.arg] = kHugeFloat;
+    CpuError err;
+    if (call(op, std::move(stack), &err) != Outcome::Failed) continue;
+    static const std::string kHead = "value cannot be converted to type ", kTail = " without overflow";
+    auto at = err.message.find(kHead);
+    if (at == std::string::npos) continue;
+    auto from = at + kHead.size();
+    auto to = err.message.find(kTail, from);
+    if (to == std::string::npos) continue;
+    std::string name = err.message.substr(from, to - from);
+    for (const auto& [n, t] : checked_names())
+      if (n == name) checks.push_back(ScalarCheck{static_cast<int>(k), t, n.c_str()});
+  }
+  return checks;
+}
+
+void check_scalars(const std::vector<ScalarCheck>& checks, const OpInstance& inst, const std::string& op) {
+  for (const ScalarCheck& c : checks) {
+    double v = inst.scalars[c.scalar].value;
+    if (overflows(v, c.type))
+      TORCH_CHECK(false, "torch_pjrt: ", op, " on tpu (", c10::toString(c.type), "): value cannot be converted to type ",
+                  c.type_name, " without overflow");
+  }
+}
+
+namespace {
+
+at::Tensor meta_like(const at::Tensor& t) {
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
+  if (t.device().is_cpu() && t.dim() > 0) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+c10::IValue meta_arg(const c10::IValue& v) {
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
+  return map_tensors(v, meta_like);
+}
+
+}  // namespace
+
+std::optional<torch::jit::Stack> meta_failed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                             bool random) {
+  const auto& schema = op.schema();
+  if (skipped(schema, args, random)) return std::nullopt;
+  if (!small_call(args, 0)) return std::nullopt;
+  CpuError err;
+  torch::jit::Stack stack = probe_stack(schema, args, ProbeArgs{0.0});
+  Outcome first = call(op, stack, &err);
+  if (first == Outcome::Failed) {
+    if (same_failure(op, probe_stack(schema, args, ProbeArgs{1.0}), err))
+      raise(err, op_display_name(schema), dtypes_of(args));
+    return std::nullopt;
+  }
+  if (first != Outcome::Ok) return std::nullopt;
+  // CPU computes what PyTorch's Meta kernel refuses: its results' sizes,
+  // strides and dtypes stand for the Meta results.
+  stack = probe_stack(schema, args, ProbeArgs{0.0});
+  torch::jit::Stack probe_args = stack;  // (the same tensors: out= ones as CPU left them)
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.callBoxed(&stack);
+  }
+  // An out= tensor CPU resized: the executor's resize bookkeeping is Meta's; not here.
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].isTensor() && probe_args[i].isTensor() && args[i].toTensor().defined() &&
+        args[i].toTensor().sizes() != probe_args[i].toTensor().sizes())
+      return std::nullopt;
+  for (auto& v : stack) v = meta_arg(v);
+  return stack;
+}
+
+void real_compute_for_complex_out(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                  torch::jit::Stack& meta) {
+  const auto& schema = op.schema();
+  const auto& sargs = schema.arguments();
+  bool complex_out = false, complex_in = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto note = [&](const at::Tensor& t) {
+      if (!t.defined() || !t.is_complex()) return;
+      (is_write(sargs[i]) && sargs[i].kwarg_only() ? complex_out : complex_in) = true;
+    };
+    if (args[i].isTensor()) note(args[i].toTensor());
+    else if (args[i].isTensorList()) for (const at::Tensor& t : args[i].toTensorList()) note(t);
+  }
+  if (!complex_out || complex_in) return;
+  // The functional overload ("sqrt" for "sqrt.out", "pow.Tensor_Scalar" for
+  // "pow.Tensor_Scalar_out"): its Meta result's dtype is what CPU computes in.
+  std::string overload = schema.overload_name();
+  if (overload == "out") overload.clear();
+  else if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0) overload.resize(overload.size() - 4);
+  else return;
+  auto functional = c10::Dispatcher::singleton().findOp(c10::OperatorName(schema.name(), overload));
+  if (!functional) return;
+  const auto& fargs = functional->schema().arguments();
+  torch::jit::Stack stack;
+  for (size_t i = 0; i < fargs.size(); ++i) {
+    if (i >= args.size() || fargs[i].name() != sargs[i].name()) return;
+    stack.push_back(meta_arg(args[i]));
+  }
+  try {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    functional->callBoxed(&stack);
+  } catch (const std::exception&) {
+    return;
+  }
+  for (size_t r = 0; r < meta.size() && r < stack.size(); ++r) {
+    if (!meta[r].isTensor() || !stack[r].isTensor()) continue;
+    const at::Tensor& out = meta[r].toTensor();
+    const at::Tensor& f = stack[r].toTensor();
+    if (out.defined() && f.defined() && out.is_complex() && !f.is_complex())
+      meta[r] = at::empty_strided(out.sizes(), out.strides(), out.options().dtype(f.scalar_type()));
+  }
+}
+
+}  // namespace torch_pjrt::eager
