@@ -229,3 +229,19 @@ def test_data_dependent_cpu_errors_are_not_raised():
     m = torch.arange(40, device="tpu") % 3 == 0
     x[m] = torch.ones(int(m.sum()), device="tpu")
     assert x.sum().item() == 14.0
+
+
+def test_cpu_checks_can_be_switched_off():
+    """TORCH_PJRT_CPU_CHECKS=off: no CPU kernel is asked (the old behaviour,
+    an escape hatch); the default raises as CPU."""
+    code = ("import torch, torch_pjrt\n"
+            "try:\n"
+            "    r = torch.zeros(2, dtype=torch.uint8, device='tpu').fill_(256).cpu().tolist()\n"
+            "except RuntimeError as e:\n"
+            "    r = 'raised' if 'without overflow' in str(e) else str(e)\n"
+            "print('RESULT', r)\n")
+    from conftest import run_python
+    for setting, expected in (("on", "raised"), ("off", "[0, 0]")):
+        out = run_python(code, TORCH_PJRT_CPU_CHECKS=setting)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert f"RESULT {expected}" in out.stdout, (setting, out.stdout)

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "eager/env.h"
 #include "eager/ivalue_tensors.h"
 
 namespace torch_pjrt::eager {
@@ -21,6 +22,13 @@ namespace {
 constexpr int64_t kProbeElements = 4096;
 // A value no float argument fits in any dtype but double.
 constexpr double kHugeFloat = 1e300;
+
+// TORCH_PJRT_CPU_CHECKS=off: no probe (an escape hatch should a CPU kernel's
+// check reject a call the tpu computes well; also for measuring the probe).
+bool enabled() {
+  static const bool on = env_choice("TORCH_PJRT_CPU_CHECKS", "on", {"on", "off"}) == "on";
+  return on;
+}
 
 // What CPU raised, kept to raise again with the same type.
 struct CpuError {
@@ -223,7 +231,7 @@ bool overflows(double v, c10::ScalarType t) {
 void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool random,
                     const torch::jit::Stack& meta) {
   const auto& schema = op.schema();
-  if (skipped(schema, args, random)) return;
+  if (!enabled() || skipped(schema, args, random)) return;
   if (!small_call(args, output_elements(meta))) return;
   CpuError err;
   if (call(op, probe_stack(schema, args, ProbeArgs{0.0}), &err) != Outcome::Failed) return;
@@ -240,7 +248,7 @@ std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10:
   const auto& schema = op.schema();
   bool any = false;
   for (const ScalarInput& s : inst.scalars) any |= s.from_float_arg && s.arg >= 0;
-  if (!any || skipped(schema, args, random)) return checks;
+  if (!any || !enabled() || skipped(schema, args, random)) return checks;
   if (!small_call(args, output_elements(meta))) return checks;
   for (size_t k = 0; k < inst.scalars.size(); ++k) {
     const ScalarInput& s = inst.scalars[k];
@@ -289,7 +297,7 @@ c10::IValue meta_arg(const c10::IValue& v) {
 std::optional<torch::jit::Stack> meta_failed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                              bool random) {
   const auto& schema = op.schema();
-  if (skipped(schema, args, random)) return std::nullopt;
+  if (!enabled() || skipped(schema, args, random)) return std::nullopt;
   if (!small_call(args, 0)) return std::nullopt;
   CpuError err;
   torch::jit::Stack stack = probe_stack(schema, args, ProbeArgs{0.0});
