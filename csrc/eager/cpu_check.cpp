@@ -130,16 +130,9 @@ bool skipped(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
 
 int64_t tpu_elements(c10::ArrayRef<c10::IValue> args) {
   int64_t n = 0;
-  auto add = [&](const at::Tensor& t) {
+  for_each_tensor(args, [&](const at::Tensor& t) {
     if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) n += t.numel();
-  };
-  for (const auto& v : args) {
-    if (v.isTensor()) add(v.toTensor());
-    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
-    else if (v.isList())
-      for (const auto& e : v.toListRef())
-        if (e.isTensor()) add(e.toTensor());
-  }
+  });
   return n;
 }
 
@@ -155,18 +148,11 @@ int64_t output_elements(const torch::jit::Stack& stack) {
 std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
   std::ostringstream os;
   bool first = true;
-  auto add = [&](const at::Tensor& t) {
+  for_each_tensor(args, [&](const at::Tensor& t) {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
     os << (first ? "" : ", ") << c10::toString(t.scalar_type());
     first = false;
-  };
-  for (const auto& v : args) {
-    if (v.isTensor()) add(v.toTensor());
-    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
-    else if (v.isList())
-      for (const auto& e : v.toListRef())
-        if (e.isTensor()) add(e.toTensor());
-  }
+  });
   return os.str();
 }
 

@@ -30,4 +30,19 @@ c10::IValue map_tensors(const c10::IValue& v, Fn&& fn) {
   return v;
 }
 
+// Calls `fn` on each tensor of a Tensor, Tensor[] or Tensor?[] argument in `args`.
+template <typename Fn>
+void for_each_tensor(c10::ArrayRef<c10::IValue> args, Fn&& fn) {
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) fn(t);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef())
+        if (e.isTensor()) fn(e.toTensor());
+    }
+  }
+}
+
 }  // namespace torch_pjrt::eager
