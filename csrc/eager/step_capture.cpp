@@ -32,6 +32,7 @@
 #include "device/generator.h"
 #include "eager/fused.h"
 #include "eager/fused_trace.h"
+#include "eager/ivalue_tensors.h"
 #include "eager/plan.h"
 
 namespace torch_pjrt::eager {
@@ -144,15 +145,6 @@ void note_leaf(const at::Tensor& t) {
   g_leaves.push_back({WeakTensor(t.getIntrusivePtr()), serial});
 }
 
-void note_leaves(const c10::IValue& v) {
-  if (v.isTensor()) note_leaf(v.toTensor());
-  else if (v.isTensorList())
-    for (const at::Tensor& t : v.toTensorVector()) note_leaf(t);
-  else if (v.isList())  // Tensor?[] (index's indices)
-    for (const c10::IValue& e : v.toListRef())
-      if (e.isTensor()) note_leaf(e.toTensor());
-}
-
 std::unique_ptr<at::ObserverContext> watch_cpu_writes(const at::RecordFunction& fn) {
   if (!g_on.load(std::memory_order_relaxed)) return nullptr;
   auto schema = fn.operator_schema();
@@ -162,7 +154,7 @@ std::unique_ptr<at::ObserverContext> watch_cpu_writes(const at::RecordFunction& 
   const bool grad_mode = at::GradMode::is_enabled();
   for (size_t i = 0; i < args.size() && i < inputs.size(); ++i) {
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) note_cpu_write(inputs[i], schema->name());
-    if (grad_mode) note_leaves(inputs[i]);
+    if (grad_mode) for_each_tensor(c10::ArrayRef<c10::IValue>(inputs[i]), note_leaf);
   }
   return nullptr;
 }
