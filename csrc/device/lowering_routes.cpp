@@ -2,16 +2,21 @@
 // kernel made of other ops) to the lowering registry when a lowering exists,
 // so that one registered lowering is all a new op needs. Ops with a
 // CompositeImplicitAutograd kernel are left alone: a backend kernel would
-// take their autograd formula away. Functional forms of structured ops
-// (CompositeExplicitAutogradNonFunctional: empty output + out= kernel) are
-// left alone too: their out= form's C++ Meta kernel checks more than the
-// functional form's Python one (e.g. leaky_relu_backward), and routing them
-// saved only ~0.4 us per op. Ops that take a `device` argument (factories,
+// take their autograd formula away. Functional and in-place forms of
+// structured ops (CompositeExplicitAutogradNonFunctional: empty output + the
+// out= kernel) are routed too: that path's TensorIterator set-up, output
+// allocation and boxed out= call cost ~0.4 us per op, a third of a small
+// op's launch on CPU; the plan cache decides the output instead. Their metas
+// still come from PyTorch's C++ structured meta functions, not the Python
+// ones on their Meta key (plan_build.cpp, run_meta).
+// TORCH_PJRT_ROUTE_STRUCTURED=0 leaves them on PyTorch's path (A/B in
+// benchmarks/fused_eager.py --launch-only). Ops that take a `device` argument (factories,
 // _to_copy) keep PyTorch's kernels: those move data between devices, which the
 // device glue does; their lowerings serve compiled graphs.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string>
@@ -39,6 +44,8 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
   done = true;
   std::set<std::string> lowered;
   for (const auto& n : lowering::registered_lowerings()) lowered.insert(n.substr(0, n.find('.')));
+  const char* env = std::getenv("TORCH_PJRT_ROUTE_STRUCTURED");
+  bool route_structured = !(env && std::string(env) == "0");
   static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                             __FILE__, __LINE__);
   for (const c10::OperatorName& op_name : c10::Dispatcher::singleton().getAllOpNames()) {
@@ -47,9 +54,11 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
     if (!lowered.count(base_name(name))) continue;
     auto handle = c10::Dispatcher::singleton().findOp(op_name);
     if (!handle) continue;
+    bool structured = route_structured &&
+                      handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
     if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+        !(structured || handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)))
       continue;
     bool takes_device = false;
     for (const auto& a : handle->schema().arguments()) takes_device |= a.name() == "device";

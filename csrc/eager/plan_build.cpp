@@ -132,7 +132,16 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
         int64_t dim = args[0].toTensor().dim(), n = static_cast<int64_t>(args[i].toListRef().size());
         TORCH_CHECK_INDEX(n <= dim, "too many indices for tensor of dimension ", dim, " (got ", n, ")");
       }
-  {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    // A structured op's functional or in-place form (add.Tensor, pow_):
+    // PyTorch's C++ structured meta function and then its out= form's Meta
+    // kernel, as CPU's kernel runs them. The Meta key of these forms is often
+    // a Python meta function that disagrees with CPU (bool ** True gives
+    // int64, _softmax_backward_data ignores input_dtype, leaky_relu_ with a
+    // negative slope does not raise). PrivateUse2, a key no backend here
+    // claims, resolves to the CompositeExplicitAutogradNonFunctional kernel.
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), &meta_stack);
+  } else {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&meta_stack);
   }
