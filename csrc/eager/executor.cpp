@@ -59,7 +59,7 @@ void put(std::string& k, c10::IntArrayRef a) {
 
 runtime::ProgramCache& cache() { return runtime::ProgramCache::get(); }
 
-std::shared_ptr<Plan> cache_find(const std::string& key) {
+std::shared_ptr<Plan> cache_find(std::string_view key) {
   return std::static_pointer_cast<Plan>(cache().find(key));
 }
 
@@ -334,7 +334,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (st.mode == FloatMode::Unknown) st.mode = float_mode(display);
   FloatMode mode = st.mode;
   bool runtime_floats = mode == FloatMode::Dynamic || mode == FloatMode::Validated;
-  std::shared_ptr<Plan> plan = cache_find(runtime_floats ? inst.key : inst.static_key());
+  std::shared_ptr<Plan> plan = runtime_floats ? cache_find(inst.key_view()) : cache_find(inst.static_key());
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     if (!plan->scalar_checks.empty()) check_scalars(plan->scalar_checks, inst, display);
@@ -383,7 +383,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     // A float argument that is a runtime input: CPU's overflow check, per call.
     if (dynamic) plan->scalar_checks = learn_scalar_checks(op, args, inst, info->needs_rng, meta);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
-    cache_put(dynamic ? inst.key : inst.static_key(), plan);
+    cache_put(dynamic ? std::string(inst.key_view()) : inst.static_key(), plan);
   }
   if (fused_active() && fused_record(plan, inst, args, stack, nargs)) return;
   run_plan(*plan, schema, inst, args, stack, nargs);

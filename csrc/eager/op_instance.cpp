@@ -107,9 +107,6 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
 void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   // The operator, by its schema's address (unique and fixed in the process;
   // these keys never leave it): no string per call.
-  inst.key.reserve(256);
-  inst.slots.reserve(4);
-  inst.storages.reserve(4);
   inst.put(static_cast<int64_t>(reinterpret_cast<intptr_t>(&schema)));
   inst.put(static_cast<char>(checks_enabled()));  // programs with and without value checks differ
   const auto& sargs = schema.arguments();

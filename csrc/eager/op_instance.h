@@ -5,8 +5,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "device/storage.h"
@@ -31,24 +33,29 @@ struct ScalarInput {
 };
 
 struct OpInstance {
-  std::vector<Slot> slots;
-  std::vector<device::StorageBuffer*> storages;  // distinct storages, in first-seen order
+  // (Inline capacity: an op's call allocates nothing for its description.)
+  c10::SmallVector<Slot, 4> slots;
+  c10::SmallVector<device::StorageBuffer*, 4> storages;  // distinct storages, in first-seen order
   int device = -1;
   bool foreach = false;    // _foreach_*: the element op, once per list index, in one program
   // The cache key with float arguments as runtime inputs ('~' where each
   // is); static_key() adds their values (keyed by value). One string is
-  // built per call, not two.
-  std::string key;
+  // built per call, not two, in place (no allocation below 256 bytes).
+  c10::SmallVector<char, 256> key;
+  std::string_view key_view() const { return {key.data(), key.size()}; }
   std::vector<ScalarInput> scalars;
   // (The same as `key` when there are no float arguments.)
   std::string static_key() const {
-    std::string k = key;
+    std::string k(key_view());
     for (const ScalarInput& s : scalars)
       if (s.from_float_arg) k.append(reinterpret_cast<const char*>(&s.value), sizeof(s.value));
     return k;
   }
 
-  void put_raw(const void* p, size_t n) { key.append(static_cast<const char*>(p), n); }
+  void put_raw(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    key.append(c, c + n);
+  }
   void put(int64_t v) { put_raw(&v, sizeof(v)); }
   void put(char c) { put_raw(&c, 1); }
   void put(c10::IntArrayRef a) {

@@ -35,7 +35,7 @@ ProgramCache& ProgramCache::get() {
 ProgramCache::ProgramCache(int64_t max_entries, int64_t max_bytes)
     : max_entries_(max_entries), max_bytes_(max_bytes) {}
 
-std::shared_ptr<void> ProgramCache::find(const std::string& key) {
+std::shared_ptr<void> ProgramCache::find(std::string_view key) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
@@ -75,7 +75,7 @@ void ProgramCache::evict_locked(std::vector<std::shared_ptr<void>>* dropped) {
 }
 
 void ProgramCache::clear() {
-  std::unordered_map<std::string, Entry> dropped;
+  decltype(entries_) dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   dropped.swap(entries_);
   order_.clear();

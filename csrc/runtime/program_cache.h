@@ -10,10 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -26,7 +28,7 @@ class ProgramCache {
   ProgramCache(int64_t max_entries, int64_t max_bytes);
 
   // The entry for `key`, now the most recently used; null when absent.
-  std::shared_ptr<void> find(const std::string& key);
+  std::shared_ptr<void> find(std::string_view key);
   // Inserts or replaces; evicts least recently used entries past the bounds
   // (never the one just inserted).
   void put(const std::string& key, std::shared_ptr<void> value, int64_t bytes);
@@ -50,7 +52,12 @@ class ProgramCache {
 
   mutable std::mutex mutex_;
   std::list<std::string> order_;  // most recently used first
-  std::unordered_map<std::string, Entry> entries_;
+  // (Looked up by string_view: an eager op's key is built in place.)
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, Entry, Hash, std::equal_to<>> entries_;
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
   int64_t max_entries_;
