@@ -558,12 +558,12 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
         break;
       }
       case ParamSource::Scalars: {
-        std::vector<double> v = scalar_values(p, inst);
+        auto v = scalar_values(p, inst);
         t.fpack.insert(t.fpack.end(), v.begin(), v.end());
         break;
       }
       case ParamSource::Offsets: {
-        std::vector<int64_t> v = offset_values(inst);
+        auto v = offset_values(inst);
         t.ipack.insert(t.ipack.end(), v.begin(), v.end());
         break;
       }

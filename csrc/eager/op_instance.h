@@ -43,7 +43,7 @@ struct OpInstance {
   // built per call, not two, in place (no allocation below 256 bytes).
   c10::SmallVector<char, 256> key;
   std::string_view key_view() const { return {key.data(), key.size()}; }
-  std::vector<ScalarInput> scalars;
+  c10::SmallVector<ScalarInput, 4> scalars;
   // (The same as `key` when there are no float arguments.)
   std::string static_key() const {
     std::string k(key_view());

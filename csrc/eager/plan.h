@@ -80,8 +80,8 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
                             const torch::jit::Stack& meta_stack, bool dynamic_floats);
 // Host-side inputs of one call: runtime scalars, slot storage offsets, the
 // random key (when the program takes them).
-std::vector<double> scalar_values(const Plan& plan, const OpInstance& inst);
-std::vector<int64_t> offset_values(const OpInstance& inst);
+c10::SmallVector<double, 8> scalar_values(const Plan& plan, const OpInstance& inst);
+c10::SmallVector<int64_t, 8> offset_values(const OpInstance& inst);
 std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int device);
 // Device vectors of runtime scalars (scalar_pack_dtype) and of s64 values
 // (offsets, random keys): what strict and fused launches pass.

@@ -17,16 +17,16 @@ namespace {
 runtime::Runtime& rt() { return runtime::Runtime::get(); }
 }  // namespace
 
-std::vector<double> scalar_values(const Plan& plan, const OpInstance& inst) {
-  std::vector<double> host;
+c10::SmallVector<double, 8> scalar_values(const Plan& plan, const OpInstance& inst) {
+  c10::SmallVector<double, 8> host;
   host.reserve(inst.scalars.size());
   for (const auto& s : inst.scalars)
     if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
   return host;
 }
 
-std::vector<int64_t> offset_values(const OpInstance& inst) {
-  std::vector<int64_t> host;
+c10::SmallVector<int64_t, 8> offset_values(const OpInstance& inst) {
+  c10::SmallVector<int64_t, 8> host;
   host.reserve(inst.slots.size());
   for (const Slot& s : inst.slots) host.push_back(s.tensor.storage_offset());
   return host;
@@ -44,7 +44,7 @@ std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int devi
 // a learning rate, offset 0), so a call makes no host-to-device copy.
 runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device) {
   if (scalar_pack_dtype() == DType::F32) {
-    std::vector<float> narrow(v, v + n);
+    c10::SmallVector<float, 8> narrow(v, v + n);
     return runtime::constant_buffer(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
   }
   return runtime::constant_buffer(v, PJRT_Buffer_Type_F64, {n}, device);
@@ -91,7 +91,7 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
   if (plan.exe) {
     FlushReason reason("strict_op");  // a pending (fused) input is computed first
     std::vector<runtime::BufferPtr> params;
-    params.reserve(plan.params.size());
+    params.reserve(plan.params.size() + plan.exe->num_outputs());  // (launch appends the outputs)
     for (const ParamSource& p : plan.params) {
       switch (p.kind) {
         case ParamSource::Storage:
@@ -104,12 +104,12 @@ void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& i
           break;
         }
         case ParamSource::Scalars: {
-          std::vector<double> host = scalar_values(plan, inst);
+          auto host = scalar_values(plan, inst);
           params.push_back(scalar_pack_buffer(host.data(), static_cast<int64_t>(host.size()), device));
           break;
         }
         case ParamSource::Offsets: {
-          std::vector<int64_t> host = offset_values(inst);
+          auto host = offset_values(inst);
           params.push_back(s64_buffer(host.data(), static_cast<int64_t>(host.size()), device));
           break;
         }
