@@ -390,10 +390,8 @@ def test_uint64_alpha_is_not_silently_ignored():
         assert_same(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="uint64 Scalars (Python ints in [2**63, 2**64)) are not parsed by the "
-                   "eager executor (csrc/eager/plan_build.cpp, op_instance.cpp): they reach lowerings as "
-                   "'not a scalar'")
 def test_uint64_python_scalars_like_cpu():
+    # (More in tests/test_unsigned.py: uint64 tensors, other dtypes, CPU's errors, compiled graphs.)
     x = torch.tensor([1.0, 2.0])
     for fn in [lambda t: torch.add(t, t, alpha=2**63), lambda t: t == 2**63, lambda t: t.clone().fill_(2**63),
                lambda t: t.clamp(max=2**63), lambda t: t * 2**63, lambda t: t.masked_fill(t > 1, 2**63),
@@ -436,3 +434,16 @@ def test_floor_division_follows_pytorch_at_the_edges(dtype):
         got = got.cpu()
         torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
         assert torch.equal(torch.signbit(got[~want.isnan()]), torch.signbit(want[~want.isnan()]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32])
+@pytest.mark.parametrize("kw", [{}, dict(nan=1.5, posinf=1e10, neginf=-7.0)], ids=["defaults", "values"])
+def test_nan_to_num(dtype, kw, no_cpu_fallback):
+    """nan_to_num has a lowering (it ran on the CPU fallback): NaN/+inf/-inf to the
+    given values or 0 and the dtype's finite extremes; values converted to the
+    dtype as CPU does (1e10 is inf in float16); in place too."""
+    x = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -2.5, 0.0]).to(dtype)
+    assert_same(torch.nan_to_num(tpu(x), **kw), torch.nan_to_num(x, **kw), rtol=0, atol=0)
+    y = tpu(x)
+    y.nan_to_num_(**kw)
+    assert_same(y, torch.nan_to_num(x, **kw), rtol=0, atol=0)

@@ -215,8 +215,17 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     has_complex |= t == c10::kComplexFloat || t == c10::kComplexDouble || t == c10::kComplexHalf;
   };
   bool complex_cpu_scalar = false;
+  // A uint64 CPU scalar (a 0-d tensor, or a Python int in [2**63, 2**64)) sets
+  // the result dtype only where no tpu tensor is of a non-bool dtype (x * 2**63
+  // is float32 for a float32 x): only then does it count as unsigned here.
+  bool unsigned_cpu_scalar = false, non_bool_tensor = false;
   auto note_tensor = [&](const at::Tensor& t) {
     if (!t.defined()) return;
+    if (!t.is_privateuseone() && t.dim() == 0 && t.scalar_type() == c10::kUInt64) {
+      unsigned_cpu_scalar = true;
+      return;
+    }
+    non_bool_tensor |= t.is_privateuseone() && t.scalar_type() != c10::kBool;
     note(t.scalar_type());
     if (t.is_complex() && !t.is_privateuseone()) complex_cpu_scalar = true;
   };
@@ -228,6 +237,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       for (const c10::IValue& e : v.toListRef())
         if (e.isTensor()) note_tensor(e.toTensor());
     } else if (v.isComplexDouble()) complex_cpu_scalar = true;
+    else if (is_uint64_scalar(v)) unsigned_cpu_scalar = true;
     else if (v.isInt() && i < schema.arguments().size()) {
       c10::TypePtr type = schema.arguments()[i].real_type();
       if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
@@ -235,6 +245,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     }
   }
   if (complex_cpu_scalar) return false;
+  has_unsigned |= unsigned_cpu_scalar && !non_bool_tensor;
   if (has_unsigned && !unsigned_ops.count(base)) return false;
   if (has_complex && !complex_ops.count(base)) return false;
   return true;

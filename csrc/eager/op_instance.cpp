@@ -38,7 +38,7 @@ std::string tpu_name(int index) { return "tpu:" + std::to_string(index); }
 bool is_scalar_list(const c10::IValue& v) {
   if (!v.isList()) return false;
   auto ref = v.toListRef();
-  return !ref.empty() && (ref[0].isDouble() || ref[0].isInt()) && !v.isIntList();
+  return !ref.empty() && (ref[0].isDouble() || ref[0].isInt() || is_uint64_scalar(ref[0])) && !v.isIntList();
 }
 
 namespace {
@@ -62,7 +62,7 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
     bool is_float = c10::isFloatingType(t.scalar_type());
     auto record = [&](const c10::Scalar& v) {
       if (is_float) inst.scalars.push_back(ScalarInput{v.toDouble(), false});
-      else inst.put(v.toLong());
+      else inst.put(int_scalar(v).i);  // (the scalar type, keyed above, tells uint64 bits apart)
     };
     if (t.dim() == 0) {
       record(t.item());  // the common case (x * 0.5): one read, no reshape
@@ -133,6 +133,9 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
     } else if (v.isInt()) {
       inst.put('i');
       inst.put(v.toInt());
+    } else if (is_uint64_scalar(v)) {
+      inst.put('u');
+      inst.put(static_cast<int64_t>(v.toUInt()));
     } else if (v.isDouble()) {
       inst.put('d');
       inst.put_float_arg(v.toDouble(), ai);
@@ -150,6 +153,7 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
       for (const auto& e : v.toListRef()) {
         if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
         else if (e.isDouble()) { double d = e.toDouble(); inst.put_raw(&d, sizeof(d)); }
+        else if (is_uint64_scalar(e)) { inst.put('u'); inst.put(static_cast<int64_t>(e.toUInt())); }
         else inst.put(e.toInt());
       }
     } else if (v.isString()) {

@@ -70,6 +70,15 @@ struct OpInstance {
   }
 };
 
+// A Python int in [2**63, 2**64): PyTorch's uint64 Scalar, an IValue that is
+// not isInt() (IValue's UInt tag).
+inline bool is_uint64_scalar(const c10::IValue& v) { return v.isUnsigned() && !v.isInt(); }
+// A CPU scalar's integer value as the lowering's Scalar (uint64 beyond int64's range as UInt).
+inline lowering::Scalar int_scalar(const c10::Scalar& s) {
+  return s.type() == c10::ScalarType::UInt64 ? lowering::Scalar::from_uint(s.toUInt64())
+                                             : lowering::Scalar::from_int(s.toLong());
+}
+
 bool is_write(const c10::Argument& a);
 std::string tpu_name(int index);
 // A Scalar[] argument (a list of doubles/ints that is not an int[]).

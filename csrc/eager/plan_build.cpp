@@ -261,7 +261,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       if (c10::isFloatingType(t.scalar_type())) {
         a->tensor = b.convert(*next_scalar(), dt);
       } else {
-        a->tensor = b.constant(lowering::Scalar::from_int(t.item().toLong()), dt);
+        a->tensor = b.constant(int_scalar(t.item()), dt);
       }
       return;
     }
@@ -276,6 +276,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       a->kind = Arg::Float;
       a->scalar = lowering::Scalar::from_float(v.toDouble());
       a->dynamic = next_scalar();
+    } else if (is_uint64_scalar(v)) {
+      a->kind = Arg::Int;
+      a->scalar = lowering::Scalar::from_uint(v.toUInt());
     } else {
       a->kind = Arg::Int;
       a->scalar = lowering::Scalar::from_int(v.toInt());
@@ -299,7 +302,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
           DType dt = device::to_dtype(t.scalar_type());
           ea.tensor = c10::isFloatingType(t.scalar_type())
                           ? b.convert(*next_scalar(), dt)
-                          : b.constant(lowering::Scalar::from_int(t[e].item().toLong()), dt);
+                          : b.constant(int_scalar(t[e].item()), dt);
           f.elems.push_back(ea);
         }
       } else {
@@ -339,7 +342,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       } else {
         scalar_arg(v, &a);
       }
-    } else if (v.isDouble()) {
+    } else if (v.isDouble() || is_uint64_scalar(v)) {
       scalar_arg(v, &a);
     } else if (v.isIntList()) {
       a.kind = Arg::IntList;
@@ -354,7 +357,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       a.kind = Arg::FloatList;
       f.per_element = inst.foreach;
       for (const auto& e : v.toListRef()) {
-        a.floats.push_back(e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()));
+        a.floats.push_back(e.isDouble()            ? e.toDouble()
+                           : is_uint64_scalar(e) ? static_cast<double>(e.toUInt())
+                                                 : static_cast<double>(e.toInt()));
         Arg ea;
         ea.name = a.name;
         if (inst.foreach) scalar_arg(e, &ea);

@@ -73,7 +73,9 @@ Value Builder::constant(const Scalar& v, DType dtype) {
       lit = (v.kind == Scalar::Float ? v.f != 0.0 : v.i != 0) ? "true" : "false";
       break;
     case DType::F32: {
-      float f = static_cast<float>(v.to_double());
+      // (A uint64 converts directly, as C++ and CPU do: not through double, which rounds twice.)
+      float f = v.kind == Scalar::UInt ? static_cast<float>(static_cast<uint64_t>(v.i))
+                                       : static_cast<float>(v.to_double());
       uint32_t bits;
       std::memcpy(&bits, &f, 4);
       lit = hex_bits(bits, 8);

@@ -54,17 +54,22 @@ struct Value {
   int64_t rank() const { return type.rank(); }
 };
 
-// A scalar argument, exact for int64 and double.
+// A scalar argument, exact for int64, uint64 and double.
 struct Scalar {
-  enum Kind : uint8_t { Int, Float, Bool } kind = Int;
+  // UInt: a Python int in [2**63, 2**64) (PyTorch's uint64 Scalar); `i` holds
+  // its bits, so converting `i` to an integer dtype wraps as a C cast does.
+  enum Kind : uint8_t { Int, Float, Bool, UInt } kind = Int;
   int64_t i = 0;
   double f = 0.0;
   static Scalar from_int(int64_t v) { Scalar s; s.kind = Int; s.i = v; s.f = double(v); return s; }
   static Scalar from_float(double v) { Scalar s; s.kind = Float; s.f = v; s.i = int64_t(v); return s; }
   static Scalar from_bool(bool v) { Scalar s; s.kind = Bool; s.i = v; s.f = v; return s; }
-  double to_double() const { return kind == Float ? f : double(i); }
+  static Scalar from_uint(uint64_t v) { Scalar s; s.kind = UInt; s.i = int64_t(v); s.f = double(v); return s; }
+  double to_double() const { return kind == Float ? f : kind == UInt ? double(uint64_t(i)) : double(i); }
   // The dtype PyTorch gives a Python number of this kind.
-  DType natural_dtype() const { return kind == Float ? DType::F64 : kind == Bool ? DType::Bool : DType::I64; }
+  DType natural_dtype() const {
+    return kind == Float ? DType::F64 : kind == Bool ? DType::Bool : kind == UInt ? DType::U64 : DType::I64;
+  }
 };
 
 // PyTorch's type promotion (torch.result_type): operands of higher priority

@@ -26,7 +26,13 @@ lowering::StridedView strided(const py::tuple& t) {
 
 lowering::Scalar number(const py::handle& v) {
   if (py::isinstance<py::bool_>(v)) return lowering::Scalar::from_bool(v.cast<bool>());
-  if (py::isinstance<py::int_>(v)) return lowering::Scalar::from_int(v.cast<int64_t>());
+  if (py::isinstance<py::int_>(v)) {
+    // [2**63, 2**64): a uint64 Scalar, as PyTorch takes it (outside both: cast's error).
+    int overflow = 0;
+    PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow > 0) return lowering::Scalar::from_uint(v.cast<uint64_t>());
+    return lowering::Scalar::from_int(v.cast<int64_t>());
+  }
   return lowering::Scalar::from_float(v.cast<double>());
 }
 

@@ -23,13 +23,21 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   Value a = operand_as(ctx, "self", dt, shape);
   Value o = operand_as(ctx, "other", dt, shape);
   // A runtime alpha (optimizers' -lr) always multiplies; a constant 1 is skipped.
-  // Read through ctx.scalar, which raises for an argument the executor could not
-  // parse as a number (a Python int >= 2**63) instead of taking it as 0.
+  // Read through ctx.scalar, which raises for an argument that is not a number
+  // instead of taking it as 0.
   const Arg* alpha = ctx.find("alpha");
+  // (A runtime alpha's value is not read: the program serves every value.)
+  Scalar alpha_value = ctx.has("alpha") && !alpha->dynamic ? ctx.scalar("alpha") : Scalar::from_int(1);
+  if (alpha_value.kind == Scalar::UInt && std::string(hlo) == "subtract") {
+    // CPU subtracts as an add of -alpha, and negates a uint64 Scalar as the
+    // int64 of its bits: sub(x, y, alpha=2**64 - 1) is x + y there.
+    alpha_value = Scalar::from_int(static_cast<int64_t>(0 - static_cast<uint64_t>(alpha_value.i)));
+    hlo = "add";
+  }
   if (alpha && alpha->dynamic)
     o = b.binary("multiply", o, b.broadcast_to(ctx.operand("alpha", o.dtype()), shape));
-  else if (ctx.has("alpha") && ctx.scalar("alpha").to_double() != 1.0)
-    o = b.binary("multiply", o, b.splat(ctx.scalar("alpha"), o.type));
+  else if (alpha_value.to_double() != 1.0)
+    o = b.binary("multiply", o, b.splat(alpha_value, o.type));
   if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
     return {b.binary("or", a, o)};
   return {b.binary(hlo, a, o)};
