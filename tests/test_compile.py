@@ -653,3 +653,21 @@ def test_dynamic_batch_after_static_steps_gpt_training():
         step()
         losses.append(loss.item())
     assert all(math.isfinite(l) for l in losses) and losses[2] < losses[0]
+
+
+def test_grouped_mm_float32_compiles_and_matches_cpu():
+    """torch._grouped_mm in float32 (transformers' Mixture-of-Experts layers on
+    tpu): PyTorch's Meta kernel accepts bfloat16 only, which failed Dynamo's
+    FakeTensor propagation; torch_pjrt/_grouped_mm_meta.py lets the dtypes its
+    eager kernels take through. Values against CPU's kernel, rtol/atol 1e-5."""
+    a, w = make((6, 8)), make((4, 8, 12), seed=1)
+    offs = torch.tensor([2, 3, 3, 6], dtype=torch.int32)
+
+    def f(a, w, offs):
+        return torch._grouped_mm(a, w, offs=offs).relu()
+
+    expected = f(a, w, offs)
+    out = torch.compile(f, backend="tpu", fullgraph=True)(tpu(a), tpu(w), tpu(offs))
+    assert_same(out, expected)
+    with pytest.raises(RuntimeError, match="contraction dimension"):  # the Meta kernel's other checks stay
+        torch.compile(f, backend="tpu", fullgraph=True)(tpu(a), tpu(make((4, 6, 12))), tpu(offs))

@@ -175,6 +175,7 @@ VALUES = {
     # shape-deciding: arange's length changes (10 -> 7, 6, 4)
     "start": (0.5, 3.5), "end": (10.0, 6.0), "step": (1.0, 2.5),
     "mean": (0.5, -1.25), "std": (1.0, 3.0), "from": (-1.0, 0.5), "to": (1.0, 4.0),
+    "histc.min": (-1.0, -0.25), "histc.max": (1.0, 0.5),  # (min < max: both valid)
     "bernoulli.p": (0.25, 0.75), "native_dropout.p": (0.25, 0.75), "pow.self": (0.5, 2.5),
 }
 
@@ -456,6 +457,7 @@ def hand_calls():
         Call("smooth_l1_loss_backward", dict(grad_output=make(()), self=x, target=y, reduction=1, beta=1.0)),
         Call("native_dropout_backward", dict(grad_output=g, mask=make((3, 4), torch.bool), scale=2.0)),
         # reductions
+        Call("histc", dict(self=x, bins=4, min=-1.0, max=1.0)),
         Call("norm.Scalar", dict(self=x, p=2.0)),
         Call("norm.ScalarOpt_dim", dict(self=x, p=2.0, dim=[1])),
         Call("norm.ScalarOpt_dim_dtype", dict(self=x, p=2.0, dim=[1], keepdim=False, dtype=torch.float64)),

@@ -344,3 +344,33 @@ def test_set_past_the_storage_end_grows_it_as_on_cpu():
         results.append(((a * 1)[:2].cpu(), a.cpu(), c.untyped_storage().nbytes(), c.cpu()))
     for got, expected in zip(results[1], results[0]):
         assert got == expected if isinstance(got, int) else torch.equal(got, expected), (got, expected)
+
+
+# histc (a scatter-add of ones, scatter.cpp): floats bin as CPU's kernel does
+# (exact counts, the elements on the bin edges included); integers, which CPU
+# lacks, as CUDA's kernel does. transformers' Mixture-of-Experts layers
+# (Mixtral, Qwen2-MoE, DeepSeek-V3, GPT-OSS...) count tokens per expert with
+# an integer histc on every device but CPU.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("bins,lo,hi", [(7, -1.3, 0.9), (48, -0.77, 0.99), (5, 0, 0)])
+def test_histc_float_matches_cpu(no_cpu_fallback, dtype, bins, lo, hi):
+    x = make((300,), dtype=dtype, low=-2, high=2)
+    edges = torch.linspace(lo, hi, bins + 1).to(dtype) if lo != hi else x[:4]
+    x = torch.cat([x, edges])  # values on the bin edges, where rounding decides the bin
+    if lo != hi:
+        x = torch.cat([x, torch.tensor([float("nan"), 5.0], dtype=dtype)])  # never counted
+    assert_same(torch.histc(tpu(x), bins=bins, min=lo, max=hi), torch.histc(x, bins=bins, min=lo, max=hi),
+                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_integers_count_like_cuda(no_cpu_fallback, dtype):
+    x = torch.tensor([0, 0, 1, 3, 3, 3, 5, 2, 7], dtype=dtype)
+    out = torch.histc(tpu(x), bins=4, min=0, max=3)
+    assert out.dtype == dtype and out.cpu().tolist() == [2, 1, 1, 3]  # 5 and 7 lie outside
+    # min == max: the data's range [0, 7]; the bin of v is v * 4 // 7 (7 in the last).
+    assert torch.histc(tpu(x), bins=4).cpu().tolist() == [3, 4, 1, 1]
+    assert torch.histc(tpu(torch.tensor([5, 5], dtype=dtype)), bins=4).cpu().tolist() == [0, 0, 2, 0]
+    # The MoE routing call: tokens per expert, equal to bincount.
+    ids = torch.randint(0, 8, (64,), generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert torch.histc(tpu(ids), bins=8, min=0, max=7).cpu().tolist() == torch.bincount(ids.long(), minlength=8).tolist()

@@ -83,6 +83,9 @@ def _initialize():
     # Shape inference for the fused GRU cell ops RNN layers use on tpu.
     from . import _rnn_meta
     _rnn_meta.install()
+    # aten::_grouped_mm's Meta kernel for float32 (transformers' MoE layers).
+    from . import _grouped_mm_meta
+    _grouped_mm_meta.install()
 
 
 def _in_torch_autoload():

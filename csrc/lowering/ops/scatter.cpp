@@ -256,6 +256,71 @@ std::vector<Value> index_reduce(LoweringContext& ctx) {
   return {ctx.b.reshape(r, ctx.out().shape)};
 }
 
+// histc(self, bins, min, max): how many elements fall in each of `bins` equal
+// bins over [min, max], the last bin closed; elements outside (and NaN) are
+// not counted. min == max: the data's extremes; still equal: -1/+1 around them.
+// Floats as PyTorch's CPU kernel (HistogramKernel.cpp, linear interpolation
+// without search): bin = int64((x - lo) * bins / (hi - lo)) in the input's
+// type (half types round after each operation, as c10::Half's operators do).
+// Integers, which CPU lacks (its probe's NotImplementedError is waived,
+// cpu_check.cpp), as CUDA's kernel (SummaryOps.cu): the same formula in int64;
+// transformers' Mixture-of-Experts layers count tokens per expert so.
+std::vector<Value> histc(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  const Value& self = ctx.tensor("self");
+  int64_t bins = out.numel(), n = self.type.numel();
+  if (bins == 0 || n == 0) return {b.zeros(out)};
+  DType dt = self.dtype();
+  bool fl = is_float(dt);
+  DType wt = fl ? math_dtype(dt) : DType::I64;
+  auto round = [&](const Value& v) { return wt != dt && fl ? b.convert(b.convert(v, dt), wt) : v; };
+  Value x = b.convert(b.reshape(self, {n}), wt);
+  double min = ctx.to_double("min", 0), max = ctx.to_double("max", 0);
+  // The bounds as the kernels hold them: the input's type (CPU), int64 (CUDA).
+  auto bound = [&](double v) {
+    return fl ? round(b.convert(b.constant(v, DType::F64), wt)) : b.constant_int(int64_t(v), wt);
+  };
+  Value lo = bound(min), hi = bound(max);
+  if (min == max) {
+    double inf = std::numeric_limits<double>::infinity();
+    auto extreme = [&](bool lowest) {
+      if (fl) return b.constant(Scalar::from_float(lowest ? -inf : inf), wt);
+      return b.constant_int(lowest ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max(), wt);
+    };
+    Value dlo = b.reshape(b.reduce(x, extreme(false), {0}, "stablehlo.minimum"), {});
+    Value dhi = b.reshape(b.reduce(x, extreme(true), {0}, "stablehlo.maximum"), {});
+    Value same = b.compare(Cmp::EQ, dlo, dhi);
+    Value one = fl ? b.constant(1.0, wt) : b.constant_int(1, wt);
+    lo = round(b.select(same, b.binary("subtract", dlo, one), dlo));
+    hi = round(b.select(same, b.binary("add", dhi, one), dhi));
+    if (fl) {
+      Value big = b.constant(Scalar::from_float(inf), wt);
+      Value finite = b.binary("and", b.compare(Cmp::LT, b.unary("abs", lo), big),
+                              b.compare(Cmp::LT, b.unary("abs", hi), big));
+      ctx.check_all(finite, "torch.histc: range of the input is not finite", LoweringContext::CheckError::Runtime);
+    }
+  }
+  TensorType vt{wt, {n}};
+  Value lov = b.broadcast_to(lo, {n}), hiv = b.broadcast_to(hi, {n});
+  Value inside = b.binary("and", b.compare(Cmp::GE, x, lov), b.compare(Cmp::LE, x, hiv));
+  Value scaled = fl ? round(b.binary("multiply", round(b.binary("subtract", x, lov)), round(b.splat(Scalar::from_int(bins), vt))))
+                    : b.binary("multiply", b.binary("subtract", x, lov), b.splat(Scalar::from_int(bins), vt));
+  // (The width behind a barrier: XLA would divide by a constant one as a
+  // multiplication by its reciprocal, which rounds differently.)
+  Value width = round(b.binary("subtract", hi, lo));
+  if (fl) width = b.op("stablehlo.optimization_barrier", {width}, width.type);
+  Value q = round(b.binary("divide", scaled, b.broadcast_to(width, {n})));
+  Value pos = b.convert(q, DType::I64);
+  TensorType it{DType::I64, {n}};
+  pos = b.binary("minimum", pos, b.splat(Scalar::from_int(bins - 1), it));
+  // Elements outside go to index `bins`, which the scatter drops.
+  pos = b.select(inside, pos, b.splat(Scalar::from_int(bins), it));
+  Value ones = b.splat(Scalar::from_int(1), TensorType{out.dtype, {n}});
+  return {b.scatter_elements(b.zeros(TensorType{out.dtype, {bins}}), b.reshape(pos, {n, 1}), ones,
+                             out.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add")};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("scatter", scatter);
@@ -265,5 +330,6 @@ TORCH_PJRT_LOWERING("index_add", index_add);
 TORCH_PJRT_LOWERING("index_copy", index_copy);
 TORCH_PJRT_LOWERING("index_fill", index_fill);
 TORCH_PJRT_LOWERING("index_reduce", index_reduce);
+TORCH_PJRT_LOWERING("histc", histc);
 
 }  // namespace torch_pjrt::lowering::ops
