@@ -128,8 +128,15 @@ def _families():
 FAMILIES = {f.name: f for f in _families()}
 
 
-def _to(inputs, device):
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+def _to(x, device):
+    """x with its tensors (in dicts, lists and tuples too) moved to device."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
+    return x
 
 
 def _fallbacks():
@@ -239,6 +246,45 @@ def check_generate(fam, new_tokens=8, **generate_kw):
     return {"equal": bool(torch.equal(out.cpu(), ref)), "tokens": int(out.shape[-1]),
             "fallbacks": _new_fallbacks(before),
             **{k: m1[k] - m0[k] for k in ("dynamo_graphs", "compiled_graph_runs", "eager_graph_fallbacks")}}
+
+
+def check_compiled_forward(fam):
+    """torch.compile(model, backend="tpu") forward in eval mode against CPU eager:
+    relative error, fallbacks, and what Dynamo did (metrics)."""
+    model = fam.build().eval()
+    inputs = fam.inputs()
+    m0, before = torch_pjrt.metrics(), _fallbacks()
+    with torch.no_grad():
+        ref = fam.output(model(**inputs))
+        torch._dynamo.reset()
+        compiled = torch.compile(model.to("tpu"), backend="tpu")
+        out = fam.output(compiled(**_to(inputs, "tpu")))
+    m1 = torch_pjrt.metrics()
+    assert out.device.type == "tpu"
+    return {"rel_err": _max_rel(out, ref), "fallbacks": _new_fallbacks(before),
+            **{k: m1[k] - m0[k] for k in ("dynamo_graphs", "compiled_graph_runs", "eager_graph_fallbacks")}}
+
+
+# The assertions the test files make of each check (no op through the CPU fallback).
+def assert_forward_matches(fam):
+    r = check_forward(fam)
+    assert r["fallbacks"] == []
+    assert r["rel_err"] <= FORWARD_RTOL, r
+
+
+def assert_train_step_matches(fam):
+    r = check_train_step(fam)
+    assert r["fallbacks"] == []
+    assert r["loss_rel_err"] <= LOSS_RTOL, r
+    assert r["grad_rel_err"] <= GRAD_RTOL, r
+    assert r["loss_after_step_rel_err"] <= LOSS_RTOL, r
+
+
+def assert_generate_equals(fam, **generate_kw):
+    r = check_generate(fam, **generate_kw)
+    assert r["fallbacks"] == []
+    assert r["equal"], r
+    return r
 
 
 # Tolerances (relative to the largest magnitude of the CPU tensor); float32 throughout.

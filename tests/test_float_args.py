@@ -458,6 +458,9 @@ def hand_calls():
         Call("native_dropout_backward", dict(grad_output=g, mask=make((3, 4), torch.bool), scale=2.0)),
         # reductions
         Call("histc", dict(self=x, bins=4, min=-1.0, max=1.0)),
+        Call("_cdist_forward", dict(x1=x, x2=y, p=2.0, compute_mode=None)),
+        Call("_cdist_backward", dict(grad=make((3, 3)), x1=x, x2=y, p=2.0,
+                                     cdist=torch.cdist(x, y, p=2.0))),
         Call("norm.Scalar", dict(self=x, p=2.0)),
         Call("norm.ScalarOpt_dim", dict(self=x, p=2.0, dim=[1])),
         Call("norm.ScalarOpt_dim_dtype", dict(self=x, p=2.0, dim=[1], keepdim=False, dtype=torch.float64)),

@@ -22,7 +22,6 @@ and the RWKV recurrence."""
 import warnings
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 import hf_families as hf  # noqa: E402
@@ -121,25 +120,17 @@ def _quiet():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_matches_cpu(name):
-    r = hf.check_forward(FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["rel_err"] <= hf.FORWARD_RTOL, r
+    hf.assert_forward_matches(FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_training_step_matches_cpu(name):
-    r = hf.check_train_step(FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["loss_rel_err"] <= hf.LOSS_RTOL, r
-    assert r["grad_rel_err"] <= hf.GRAD_RTOL, r
-    assert r["loss_after_step_rel_err"] <= hf.LOSS_RTOL, r
+    hf.assert_train_step_matches(FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", GENERATES)
 def test_greedy_generate_equals_cpu(name):
-    r = hf.check_generate(FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["equal"], r
+    hf.assert_generate_equals(FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", ["BLOOM"])
@@ -150,24 +141,10 @@ def test_fused_adamw_training_matches_cpu(name):
     assert r["loss_rel_err"] <= hf.LOSS_RTOL, r
 
 
-def check_compiled_forward(fam):
-    """torch.compile(model, backend="tpu") in eval mode against CPU's eager forward."""
-    model = fam.build().eval()
-    inputs = fam.inputs()
-    with torch.no_grad():
-        ref = fam.output(model(**inputs))
-        before = hf._fallbacks()
-        compiled = torch.compile(model.to("tpu"), backend="tpu")
-        out = fam.output(compiled(**hf._to(inputs, "tpu")))
-    assert out.device.type == "tpu"
-    return {"rel_err": hf._max_rel(out, ref), "fallbacks": hf._new_fallbacks(before)}
-
-
 # Mixtral: aten::_grouped_mm in float32 through Dynamo's FakeTensors
 # (torch_pjrt/_grouped_mm_meta.py); it runs op by op between compiled pieces.
 @pytest.mark.parametrize("name", ["BLOOM", "Mixtral"])
 def test_compiled_forward_matches_cpu(name):
-    torch._dynamo.reset()
-    r = check_compiled_forward(FAMILIES[name])
-    assert r["fallbacks"] == []
+    r = hf.check_compiled_forward(FAMILIES[name])
+    assert r["fallbacks"] == [] and r["eager_graph_fallbacks"] == 0, r
     assert r["rel_err"] <= hf.FORWARD_RTOL, r

@@ -23,25 +23,17 @@ def _quiet():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_matches_cpu(name):
-    r = hf.check_forward(hf.FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["rel_err"] <= hf.FORWARD_RTOL, r
+    hf.assert_forward_matches(hf.FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_training_step_matches_cpu(name):
-    r = hf.check_train_step(hf.FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["loss_rel_err"] <= hf.LOSS_RTOL, r
-    assert r["grad_rel_err"] <= hf.GRAD_RTOL, r
-    assert r["loss_after_step_rel_err"] <= hf.LOSS_RTOL, r
+    hf.assert_train_step_matches(hf.FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", GENERATES)
 def test_greedy_generate_equals_cpu(name):
-    r = hf.check_generate(hf.FAMILIES[name])
-    assert r["fallbacks"] == []
-    assert r["equal"], r
+    hf.assert_generate_equals(hf.FAMILIES[name])
 
 
 @pytest.mark.parametrize("name", ["GPT-2", "Llama", "T5"])
@@ -50,9 +42,7 @@ def test_static_cache_generate_runs_compiled_and_equals_cpu(name):
     step with torch.compile's default backend, which sends tpu graphs to
     backend="tpu" (torch_pjrt/_compile/default_backend.py). The tokens are
     CPU's, and every decode step after the prefill ran as the compiled graph."""
-    r = hf.check_generate(hf.FAMILIES[name], cache_implementation="static")
-    assert r["fallbacks"] == []
-    assert r["equal"], r
+    r = hf.assert_generate_equals(hf.FAMILIES[name], cache_implementation="static")
     assert r["dynamo_graphs"] >= 1 and r["compiled_graph_runs"] >= 7 and r["eager_graph_fallbacks"] == 0, r
 
 

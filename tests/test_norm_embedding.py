@@ -293,3 +293,14 @@ def test_dropout_raises_like_cpu():
             F.dropout(torch.ones(3), bad)
         with pytest.raises(ValueError):
             F.dropout(tpu(torch.ones(3)), bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm(dim, dtype, no_cpu_fallback):
+    """Weight normalization (aten::_weight_norm_interface and its backward, which
+    ran on the CPU fallback; Wav2Vec2's positional conv uses it): the module's
+    output and the gradients of input, g and v, for the first and last dim."""
+    module = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3), dim=dim)
+    randomize(module, dtype)
+    run_module(module.to(dtype), make((2, 4, 7), dtype))

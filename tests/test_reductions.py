@@ -240,3 +240,21 @@ def test_trace_bad_input_like_cpu():
     check_raises(torch.trace, torch.ones(2, 2, dtype=torch.bool))  # NotImplementedError, as CPU
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         torch.trace(tpu(torch.ones(2, 2, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("shapes", [((5, 3), (4, 3)), ((2, 5, 3), (1, 4, 3))], ids=["2d", "batch-broadcast"])
+def test_cdist_forward_backward(p, shapes, no_cpu_fallback):
+    """torch.cdist (aten::_cdist_forward / _cdist_backward, which ran on the CPU
+    fallback; DETR's matcher uses p=1) against CPU: distances and both inputs'
+    gradients, with a zero distance among them (CPU's 0 gradient there)."""
+    x1, x2 = make(shapes[0], torch.float64, seed=1), make(shapes[1], torch.float64, seed=2)
+    x2[..., 0, :] = x1[:1, 0, :] if x1.dim() == 3 else x1[0]
+    g = make(torch.cdist(x1, x2, p=p).shape, torch.float64, seed=3)
+    results = []
+    for a, b, gg in ((x1, x2, g), (tpu(x1), tpu(x2), tpu(g))):
+        a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+        d = torch.cdist(a, b, p=p)
+        (d * gg).sum().backward()
+        results.append((d, a.grad, b.grad))
+    assert_same(results[1], results[0], rtol=1e-10, atol=1e-10)

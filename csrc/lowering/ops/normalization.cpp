@@ -1,4 +1,4 @@
-// Layer normalization (forward), used by transformer blocks.
+// Layer normalization (forward), used by transformer blocks, and weight normalization.
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -36,8 +36,66 @@ std::vector<Value> native_layer_norm(LoweringContext& ctx) {
   return {out, mean, rstd};
 }
 
+// Weight normalization (torch.nn.utils.weight_norm, parametrizations.weight_norm):
+// the L2 norm of v over every dim but `dim`, shaped like g ([C, 1, ...] or
+// [1, ..., C]); float32 for half types, as PyTorch's CPU kernel does.
+struct WeightNorm {
+  DType acc;
+  std::vector<int64_t> dims;  // the reduced dims
+  Shape kept;                 // v's shape with the reduced dims 1
+};
+
+WeightNorm weight_norm_dims(LoweringContext& ctx, const Value& v) {
+  int64_t rank = v.rank();
+  int64_t dim = rank == 0 ? 0 : wrap_dim(ctx.to_int("dim", 0), rank);
+  WeightNorm w{is_float(v.dtype()) && itemsize(v.dtype()) < 4 ? DType::F32 : v.dtype(), {}, v.shape()};
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d == dim) continue;
+    w.dims.push_back(d);
+    w.kept[d] = 1;
+  }
+  return w;
+}
+
+Value sum_kept(Builder& b, const Value& x, const WeightNorm& w) {
+  return b.reshape(b.reduce(x, b.constant(0.0, w.acc), w.dims, "stablehlo.add"), w.kept);
+}
+
+// _weight_norm_interface(v, g, dim) -> (w = v * g / |v|, |v|)
+std::vector<Value> weight_norm_interface(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value v0 = ctx.tensor("v");
+  WeightNorm w = weight_norm_dims(ctx, v0);
+  Value v = b.convert(v0, w.acc);
+  Value norm = b.unary("sqrt", sum_kept(b, b.binary("multiply", v, v), w));
+  Value g = b.reshape(b.convert(ctx.tensor("g"), w.acc), w.kept);
+  Value out = b.binary("multiply", v, b.broadcast_to(b.binary("divide", g, norm), v.shape()));
+  return {b.convert(out, ctx.out(0).dtype), b.reshape(b.convert(norm, ctx.out(1).dtype), ctx.out(1).shape)};
+}
+
+// _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim) ->
+// (grad_v, grad_g): grad_g = sum(grad_w * v) / norm,
+// grad_v = g / norm * (grad_w - v * grad_g / norm).
+std::vector<Value> weight_norm_interface_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value v0 = ctx.tensor("saved_v");
+  WeightNorm w = weight_norm_dims(ctx, v0);
+  Value v = b.convert(v0, w.acc);
+  Value gw = b.convert(ctx.tensor("grad_w"), w.acc);
+  Value g = b.reshape(b.convert(ctx.tensor("saved_g"), w.acc), w.kept);
+  Value norm = b.reshape(b.convert(ctx.tensor("saved_norms"), w.acc), w.kept);
+  Value grad_g = b.binary("divide", sum_kept(b, b.binary("multiply", gw, v), w), norm);
+  Value shift = b.binary("multiply", v, b.broadcast_to(b.binary("divide", grad_g, norm), v.shape()));
+  Value grad_v = b.binary("multiply", b.broadcast_to(b.binary("divide", g, norm), v.shape()),
+                          b.binary("subtract", gw, shift));
+  return {b.convert(grad_v, ctx.out(0).dtype),
+          b.reshape(b.convert(grad_g, ctx.out(1).dtype), ctx.out(1).shape)};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("native_layer_norm", native_layer_norm);
+TORCH_PJRT_LOWERING("_weight_norm_interface", weight_norm_interface);
+TORCH_PJRT_LOWERING("_weight_norm_interface_backward", weight_norm_interface_backward);
 
 }  // namespace torch_pjrt::lowering::ops

@@ -1,5 +1,5 @@
 // Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std,
-// all/any, linalg_vector_norm and norm. The Meta kernel already fixed the result shape
+// all/any, linalg_vector_norm and norm, cdist. The Meta kernel already fixed the result shape
 // (keepdim or not), so each lowering reduces and then reshapes to ctx.out().
 #include <algorithm>
 #include <cmath>
@@ -198,6 +198,95 @@ std::vector<Value> norm(LoweringContext& ctx) {
   return vector_norm(ctx);
 }
 
+// _cdist_forward(x1 [..., P, M], x2 [..., R, M], p, compute_mode) -> [..., P, R]:
+// the p-norm of every row difference, computed directly (also where CPU
+// uses the matmul form for p = 2, which rounds differently). The differences
+// are [..., P, R, M] (batch dims broadcast as the result's).
+struct Cdist {
+  Value diff;  // x1 - x2, [..., P, R, M] in the accumulation dtype
+  int64_t last;  // the M dim
+};
+
+Cdist cdist_diff(Builder& b, const Value& x1, const Value& x2, const Shape& batch, DType acc) {
+  int64_t nb = static_cast<int64_t>(batch.size());
+  int64_t P = x1.shape()[x1.rank() - 2], R = x2.shape()[x2.rank() - 2], M = x1.shape().back();
+  auto spread = [&](const Value& x, int64_t rows, int64_t at) {
+    Shape s = batch, full = batch;
+    s.insert(s.end(), {rows, M});
+    full.insert(full.end(), {P, R, M});
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < nb; ++d) dims.push_back(d);
+    dims.insert(dims.end(), {nb + at, nb + 2});
+    return b.broadcast_in_dim(b.broadcast_to(b.convert(x, acc), s), full, dims);
+  };
+  return {b.binary("subtract", spread(x1, P, 0), spread(x2, R, 1)), nb + 2};
+}
+
+std::vector<Value> cdist_forward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType acc = acc_dtype(out.dtype);
+  Shape batch(out.shape.begin(), out.shape.end() - 2);
+  Cdist c = cdist_diff(b, ctx.tensor("x1"), ctx.tensor("x2"), batch, acc);
+  double p = ctx.to_double("p", 2.0);
+  Value a = b.unary("abs", c.diff), zero = b.constant(0.0, acc), r;
+  auto sum = [&](const Value& v) { return b.reduce(v, zero, {c.last}, "stablehlo.add"); };
+  if (std::isinf(p)) {
+    r = b.reduce(a, zero, {c.last}, "stablehlo.maximum");
+  } else if (p == 0) {
+    r = sum(b.convert(b.compare(Cmp::NE, a, splat_like(b, 0, a)), acc));
+  } else if (p == 1) {
+    r = sum(a);
+  } else if (p == 2) {
+    r = b.unary("sqrt", sum(b.binary("multiply", a, a)));
+  } else {
+    r = sum(b.binary("power", a, splat_like(b, p, a)));
+    r = b.binary("power", r, splat_like(b, 1.0 / p, r));
+  }
+  return {b.convert(r, out.dtype)};
+}
+
+// _cdist_backward(grad, x1, x2, p, cdist) -> grad of x1 ([..., P, M], batch
+// dims broadcast): sum over R of grad * d dist / d x1, as CPU's kernels:
+// 0 where the distance is 0 (p < 1 also where the difference is).
+std::vector<Value> cdist_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType acc = acc_dtype(out.dtype);
+  Shape batch(out.shape.begin(), out.shape.end() - 2);
+  Cdist c = cdist_diff(b, ctx.tensor("x1"), ctx.tensor("x2"), batch, acc);
+  const Shape& full = c.diff.shape();
+  std::vector<int64_t> pr;
+  for (int64_t d = 0; d < c.last; ++d) pr.push_back(d);
+  auto spread = [&](const char* name) {
+    return b.broadcast_in_dim(b.convert(ctx.tensor(name), acc), full, pr);
+  };
+  Value grad = spread("grad"), dist = spread("cdist");
+  double p = ctx.to_double("p", 2.0);
+  Value diff = c.diff, a = b.unary("abs", diff), zero = splat_like(b, 0, diff);
+  Value sign = b.unary("sign", diff);
+  Value dist_zero = b.compare(Cmp::EQ, dist, zero), f;
+  if (p == 0) {
+    f = zero;
+  } else if (p == 1) {
+    f = sign;
+  } else if (std::isinf(p)) {
+    f = b.binary("multiply", sign, b.convert(b.compare(Cmp::EQ, a, dist), acc));
+  } else if (p == 2) {
+    f = b.binary("divide", diff, dist);
+  } else if (p < 2) {
+    Value pm1 = splat_like(b, p - 1, diff);
+    f = b.binary("divide", b.binary("multiply", sign, b.binary("power", a, pm1)), b.binary("power", dist, pm1));
+    if (p < 1) dist_zero = b.binary("or", dist_zero, b.compare(Cmp::EQ, diff, zero));
+  } else {
+    f = b.binary("divide", b.binary("multiply", diff, b.binary("power", a, splat_like(b, p - 2, diff))),
+                 b.binary("power", dist, splat_like(b, p - 1, diff)));
+  }
+  if (p != 0 && p != 1) f = b.select(dist_zero, zero, f);
+  Value r = b.reduce(b.binary("multiply", f, grad), b.constant(0.0, acc), {c.last - 1}, "stablehlo.add");
+  return {b.convert(r, out.dtype)};
+}
+
 }  // namespace
 
 // trace(self): the sum of a matrix's main diagonal, in the result dtype
@@ -232,5 +321,7 @@ TORCH_PJRT_LOWERING("all", [](LoweringContext& c) { return all_any(c, true); });
 TORCH_PJRT_LOWERING("any", [](LoweringContext& c) { return all_any(c, false); });
 TORCH_PJRT_LOWERING("linalg_vector_norm", vector_norm);
 TORCH_PJRT_LOWERING("norm", norm);
+TORCH_PJRT_LOWERING("_cdist_forward", cdist_forward);
+TORCH_PJRT_LOWERING("_cdist_backward", cdist_backward);
 
 }  // namespace torch_pjrt::lowering::ops

@@ -2,6 +2,7 @@
 // default float (ctx.out().dtype); float16/bfloat16 are computed in float32 and
 // rounded once, as PyTorch's CPU kernels do.
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "lowering/ops/common.h"
@@ -158,6 +159,39 @@ LowerFn infinity_test(int sign) {
   };
 }
 
+// nan_to_num(self, nan, posinf, neginf): NaN -> nan (0), +inf -> posinf (the
+// dtype's largest finite value), -inf -> neginf (its lowest), the values
+// converted to the dtype as CPU does; complex: each part; integers unchanged.
+double largest_finite(DType t) {
+  switch (t) {
+    case DType::F16: return 65504.0;
+    case DType::BF16: return 3.3895313892515355e38;
+    case DType::F32: return std::numeric_limits<float>::max();
+    default: return std::numeric_limits<double>::max();
+  }
+}
+
+Value replace_non_finite(LoweringContext& ctx, const Value& x) {
+  Builder& b = ctx.b;
+  auto value = [&](const char* name, double dflt) {
+    return ctx.has(name) ? operand_as(ctx, name, x.dtype(), x.shape()) : splat_like(b, dflt, x);
+  };
+  double big = largest_finite(x.dtype());
+  Value r = b.select(b.compare(Cmp::NE, x, x), value("nan", 0.0), x);
+  r = b.select(b.compare(Cmp::EQ, x, splat_like(b, INFINITY, x)), value("posinf", big), r);
+  return b.select(b.compare(Cmp::EQ, x, splat_like(b, -INFINITY, x)), value("neginf", -big), r);
+}
+
+std::vector<Value> nan_to_num(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  if (is_complex(x.dtype()))
+    return {b.op("stablehlo.complex", {replace_non_finite(ctx, real_part(b, x)),
+                                       replace_non_finite(ctx, imag_part(b, x))}, x.type)};
+  if (!is_float(x.dtype())) return {x};
+  return {replace_non_finite(ctx, x)};
+}
+
 // logit(x, eps) = log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given.
 std::vector<Value> logit(LoweringContext& ctx) {
   bool clamp = ctx.has("eps");
@@ -284,6 +318,7 @@ TORCH_PJRT_LOWERING("floor", [](LoweringContext& c) { return rounding(c, "floor"
 TORCH_PJRT_LOWERING("round", round);
 TORCH_PJRT_LOWERING("trunc", trunc);
 TORCH_PJRT_LOWERING("isnan", isnan);
+TORCH_PJRT_LOWERING("nan_to_num", nan_to_num);
 TORCH_PJRT_LOWERING("logit", logit);
 TORCH_PJRT_LOWERING("logit_backward", logit_backward);
 TORCH_PJRT_LOWERING("isinf", infinity_test(0));
