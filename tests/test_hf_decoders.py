@@ -9,11 +9,8 @@ cache warm, ~100 s of CPU time cold).
 
 The families cover what the first set lacks: Mixture-of-Experts routing
 (Mixtral: an integer torch.histc counts tokens per expert, then
-torch._grouped_mm; Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3 and GPT-OSS
-route the same way and pass these checks too, but are left out for time:
-aten::_grouped_mm has no lowering, its composite kernel reads the offsets on
-the host and multiplies each expert's rows apart, one new program per row
-count), ALiBi (BLOOM, Falcon), partial and
+torch._grouped_mm, lowered in csrc/lowering/ops/matmul.cpp; Qwen2-MoE,
+Qwen3-MoE, OLMoE, DeepSeek-V3 and GPT-OSS route the same way), ALiBi (BLOOM, Falcon), partial and
 interleaved rotary embeddings (Phi, GPT-NeoX, GPT-J, CodeGen, StableLM,
 Persimmon), logit soft-capping and sliding windows (Gemma2, Gemma3, Cohere2,
 Starcoder2, GPT-Neo), parallel attention/MLP blocks (Falcon, GPT-J, Cohere),
@@ -43,6 +40,23 @@ def _families():
     return [
         fam("Mixtral", "MixtralForCausalLM", lambda: tf.MixtralConfig(
             **d, num_local_experts=4, num_experts_per_tok=2)),
+        fam("Qwen2-MoE", "Qwen2MoeForCausalLM", lambda: tf.Qwen2MoeConfig(
+            **d, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+            num_experts_per_tok=2)),
+        fam("Qwen3-MoE", "Qwen3MoeForCausalLM", lambda: tf.Qwen3MoeConfig(
+            **d, head_dim=8, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+        fam("OLMoE", "OlmoeForCausalLM", lambda: tf.OlmoeConfig(**d, num_experts=4, num_experts_per_tok=2)),
+        fam("DeepSeek-V3", "DeepseekV3ForCausalLM", lambda: tf.DeepseekV3Config(
+            vocab_size=100, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+            n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+            kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=4,
+            max_position_embeddings=64, **tok)),
+        fam("GPT-OSS", "GptOssForCausalLM", lambda: tf.GptOssConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=4, max_position_embeddings=64,
+            layer_types=["sliding_attention", "full_attention"], **tok)),
         fam("Phi3", "Phi3ForCausalLM", lambda: tf.Phi3Config(
             **d, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)),
         fam("Phi", "PhiForCausalLM", lambda: tf.PhiConfig(
@@ -106,9 +120,8 @@ FAMILIES = {f.name: f for f in _families()}
 NAMES = list(FAMILIES)
 # Generation (8 greedy tokens, a program per new length) for a sample of the
 # mechanisms: ALiBi, soft-capping + sliding window, the Mamba scan, interleaved
-# rotary. (Mixtral's generation equals CPU's too, but compiles a program per
-# expert row count of each step: ~30 s on a cold cache.)
-GENERATES = ["BLOOM", "Gemma2", "Mamba", "GPT-J"]
+# rotary, expert routing.
+GENERATES = ["BLOOM", "Gemma2", "Mamba", "GPT-J", "Mixtral"]
 
 
 @pytest.fixture(autouse=True)

@@ -109,3 +109,36 @@ def test_shape_and_dtype_errors_like_cpu():
     check_raises(torch.mm, make((3, 4)), make((4, 5), torch.float64))
     check_raises(torch.dot, make((3,)), make((4,)))
     check_raises(lambda s, x, y: torch.addmm(s, x, y), make((3, 5), torch.float64), make((3, 4)), make((4, 5)))
+
+
+# ---- _grouped_mm (Mixture-of-Experts layers) ----------------------------------
+
+OFFS = torch.tensor([2, 4, 4, 7], dtype=torch.int32)  # group ends (an empty group; row 7 in none)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_layouts_like_cpu(dtype, no_cpu_fallback):
+    """The four layouts, compared where CPU's kernel writes (rows or columns
+    past the last group end it leaves unwritten; the lowering gives 0)."""
+    g = lambda *s, seed=0: make(s, dtype, seed=seed)  # noqa: E731
+    grouped = torch._grouped_mm
+    check(lambda a, b, o: grouped(a, b, offs=o)[:7], g(8, 16), g(4, 16, 8, seed=1), OFFS, dtype=dtype)  # 2D x 3D
+    check(lambda a, b, o: grouped(a, b, offs=o)[:, :7], g(4, 4, 16), g(16, 8, seed=1), OFFS, dtype=dtype)  # 3D x 2D
+    check(lambda a, b, o: grouped(a, b, offs=o), g(4, 8), g(8, 8, seed=1), OFFS, dtype=dtype)  # 2D x 2D over K
+    check(lambda a, b: grouped(a, b), g(4, 4, 16), g(4, 16, 8, seed=1), dtype=dtype)  # 3D x 3D
+
+
+def test_grouped_mm_grads_and_compiled_like_cpu(no_cpu_fallback):
+    a, w = make((8, 16)), make((4, 16, 8), seed=1)
+    offs = torch.tensor([2, 4, 4, 8], dtype=torch.int32)  # every row in a group
+
+    def step(a, w, o):
+        a, w = a.detach().requires_grad_(), w.detach().requires_grad_()
+        out = torch._grouped_mm(a, w, offs=o)
+        out.pow(2).sum().backward()
+        return out, a.grad, w.grad
+
+    for got, want in zip(step(*tpu((a, w, offs))), step(a, w, offs)):
+        assert_same(got, want, **TOL[torch.float32])
+    compiled = torch.compile(lambda a, w, o: torch._grouped_mm(a, w, offs=o).relu(), backend="tpu", fullgraph=True)
+    assert_same(compiled(*tpu((a, w, offs))), torch._grouped_mm(a, w, offs=offs).relu(), **TOL[torch.float32])

@@ -39,7 +39,7 @@ struct CpuError {
 enum class Outcome { Ok, Failed, Ignored };
 
 // The probe's copy of one argument: tpu tensors become CPU tensors of the same
-// dtype and shape filled with `fill`.
+// dtype, shape (and dense layout) filled with `fill`.
 struct ProbeArgs {
   double fill;
   at::Tensor tensor(const at::Tensor& t) const {
@@ -47,7 +47,12 @@ struct ProbeArgs {
     // A CPU argument (a 0-d scalar, an optimizer's step count) is copied: the
     // probe may write it.
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t.clone();
-    at::Tensor r = at::empty(t.sizes(), t.options().device(c10::kCPU));
+    // The call's strides where they describe a whole dense block (a
+    // transposed operand: kernels check layouts, e.g. _grouped_mm's 16-byte
+    // strides), else contiguous.
+    at::TensorOptions cpu = t.options().device(c10::kCPU);
+    at::Tensor r = t.is_non_overlapping_and_dense() ? at::empty_strided(t.sizes(), t.strides(), cpu)
+                                                     : at::empty(t.sizes(), cpu);
     r.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
     return r;
   }

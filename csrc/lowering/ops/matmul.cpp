@@ -42,8 +42,64 @@ Value add_product(LoweringContext& ctx, Value p) {
   return b.binary("add", s, p);
 }
 
+// _grouped_mm(self, mat2, offs): the products of groups, as Mixture-of-Experts
+// layers use them. offs (int32) holds each group's end, cumulative. 2D x 3D:
+// rows of self in groups, group g times mat2[g]; 3D x 2D: columns of mat2 in
+// groups, self[g] times them; 2D x 2D: the contraction dim in groups, one
+// [M, N] product each; 3D x 3D: bmm. With no ragged dot here, every group's
+// whole product is made and each row (column) selects its own group's (G
+// times the flops of one; selects, not one-hot products, so another group's
+// inf cannot make a nan). Positions past the last end are zero (CPU's kernel
+// does not write them).
+std::vector<Value> grouped_mm(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& a_in = ctx.tensor("self");
+  const Value& b_in = ctx.tensor("mat2");
+  check_same_dtype(ctx, a_in, b_in);
+  if (ctx.has("bias")) ctx.fail("_grouped_mm: bias is not supported");
+  DType acc = acc_dtype(a_in.dtype()), od = ctx.out().dtype;
+  Value x = b.convert(a_in, acc), y = b.convert(b_in, acc);
+  if (x.rank() == 3 && y.rank() == 3) return {b.convert(b.dot_general(x, y, {0}, {0}, {2}, {1}, acc), od)};
+  if (!ctx.has("offs")) ctx.fail("_grouped_mm: offs is needed for 2D operands");
+  Value offs = b.convert(ctx.tensor("offs"), DType::I64);
+  int64_t G = offs.shape()[0];
+  // in_group[g, p]: position p (of n) is in group g, i.e. offs[g-1] <= p < offs[g].
+  auto in_group = [&](int64_t n) {
+    TensorType gp{DType::I64, {G, n}};
+    Value pos = b.iota(gp, 1);
+    Value ends = b.broadcast_in_dim(offs, {G, n}, {0});
+    Value zero = b.zeros(TensorType{DType::I64, {1}});
+    Value starts = b.concatenate({zero, b.slice(offs, {0}, {G - 1})}, 0);
+    Value lo = b.broadcast_in_dim(starts, {G, n}, {0});
+    return b.binary("and", b.compare(Cmp::GE, pos, lo), b.compare(Cmp::LT, pos, ends));
+  };
+  // Sums `full` over its group dim `gdim` where `mask` (broadcast along `dims`) holds.
+  auto pick = [&](const Value& full, const Value& mask, const std::vector<int64_t>& dims, int64_t gdim) {
+    Value m = b.broadcast_in_dim(mask, full.shape(), dims);
+    Value kept = b.select(m, full, b.zeros(full.type));
+    return b.reduce(kept, b.constant_int(0, acc), {gdim}, "stablehlo.add");
+  };
+  if (x.rank() == 2 && y.rank() == 3) {  // [M, K] x [G, K, N] -> [M, N]
+    Value full = b.dot_general(x, y, {}, {}, {1}, {1}, acc);  // [M, G, N]
+    return {b.convert(pick(full, in_group(x.shape()[0]), {1, 0}, 1), od)};
+  }
+  if (x.rank() == 3 && y.rank() == 2) {  // [G, M, K] x [K, N] -> [M, N]
+    Value full = b.dot_general(x, y, {}, {}, {2}, {0}, acc);  // [G, M, N]
+    return {b.convert(pick(full, in_group(y.shape()[1]), {0, 2}, 0), od)};
+  }
+  // [M, K] x [K, N] -> [G, M, N]: both operands masked to each group's K.
+  int64_t M = x.shape()[0], K = x.shape()[1], N = y.shape()[1];
+  Value mask = in_group(K);  // [G, K]
+  Value xm = b.select(b.broadcast_in_dim(mask, {G, M, K}, {0, 2}), b.broadcast_in_dim(x, {G, M, K}, {1, 2}),
+                      b.zeros(TensorType{acc, {G, M, K}}));
+  Value ym = b.select(b.broadcast_in_dim(mask, {G, K, N}, {0, 1}), b.broadcast_in_dim(y, {G, K, N}, {1, 2}),
+                      b.zeros(TensorType{acc, {G, K, N}}));
+  return {b.convert(b.dot_general(xm, ym, {0}, {0}, {2}, {1}, acc), od)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("_grouped_mm", grouped_mm);
 TORCH_PJRT_LOWERING("mm", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "mat2", 0, 0)}; });
 TORCH_PJRT_LOWERING("bmm", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "mat2", 1, 1)}; });
 TORCH_PJRT_LOWERING("mv", [](LoweringContext& c) { return std::vector<Value>{product(c, "self", "vec", 0, 0)}; });
