@@ -314,3 +314,11 @@ def test_view_dtype(src, dst):
     v[0, 0] = 3
     cv[0, 0] = 3
     assert_same(t, x)
+
+
+def test_nan_to_num_replaces_each_part(no_cpu_fallback):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([complex(nan, inf), complex(-inf, 2.0), complex(1.0, -inf), complex(3.0, nan)],
+                     dtype=torch.complex64)
+    for kw in [{}, dict(nan=1.0, posinf=5.0, neginf=-7.0)]:
+        assert torch.equal(torch.nan_to_num(x.to("tpu"), **kw).cpu(), torch.nan_to_num(x, **kw))
