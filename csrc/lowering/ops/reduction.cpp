@@ -165,26 +165,25 @@ std::vector<Value> all_any(LoweringContext& ctx, bool all) {
   return {b.reshape(r, ctx.out().shape)};
 }
 
+// (sum of a^p over dims)^(1/p) of absolute values `a`, for a finite order p
+// (0: how many are non-zero), as vector_norm and cdist take it.
+Value finite_p_norm(Builder& b, const Value& a, const std::vector<int64_t>& dims, double p, DType acc) {
+  auto sum = [&](const Value& v) { return b.reduce(v, b.constant(0.0, acc), dims, "stablehlo.add"); };
+  if (p == 0) return sum(b.convert(b.compare(Cmp::NE, a, splat_like(b, 0, a)), acc));
+  if (p == 1) return sum(a);
+  if (p == 2) return b.unary("sqrt", sum(b.binary("multiply", a, a)));
+  Value r = sum(b.binary("power", a, splat_like(b, p, a)));
+  return b.binary("power", r, splat_like(b, 1.0 / p, r));
+}
+
 std::vector<Value> vector_norm(LoweringContext& ctx) {
   Builder& b = ctx.b;
   DType acc = acc_dtype(ctx.out().dtype);
   Value x = b.convert(ctx.tensor("self"), acc);
   auto dims = reduced_dims(ctx, x);
   double p = ctx.to_double("ord", 2.0);
-  Value a = b.unary("abs", x), zero = b.constant(0.0, acc), r;
-  auto sum = [&](const Value& v) { return b.reduce(v, zero, dims, "stablehlo.add"); };
-  if (std::isinf(p)) {
-    r = max_or_min(b, a, dims, p > 0);
-  } else if (p == 0) {
-    r = sum(b.convert(b.compare(Cmp::NE, a, splat_like(b, 0, a)), acc));
-  } else if (p == 1) {
-    r = sum(a);
-  } else if (p == 2) {
-    r = b.unary("sqrt", sum(b.binary("multiply", a, a)));
-  } else {
-    r = sum(b.binary("power", a, splat_like(b, p, a)));
-    r = b.binary("power", r, splat_like(b, 1.0 / p, r));
-  }
+  Value a = b.unary("abs", x);
+  Value r = std::isinf(p) ? max_or_min(b, a, dims, p > 0) : finite_p_norm(b, a, dims, p, acc);
   return {b.reshape(r, ctx.out().shape)};
 }
 
@@ -229,20 +228,9 @@ std::vector<Value> cdist_forward(LoweringContext& ctx) {
   Shape batch(out.shape.begin(), out.shape.end() - 2);
   Cdist c = cdist_diff(b, ctx.tensor("x1"), ctx.tensor("x2"), batch, acc);
   double p = ctx.to_double("p", 2.0);
-  Value a = b.unary("abs", c.diff), zero = b.constant(0.0, acc), r;
-  auto sum = [&](const Value& v) { return b.reduce(v, zero, {c.last}, "stablehlo.add"); };
-  if (std::isinf(p)) {
-    r = b.reduce(a, zero, {c.last}, "stablehlo.maximum");
-  } else if (p == 0) {
-    r = sum(b.convert(b.compare(Cmp::NE, a, splat_like(b, 0, a)), acc));
-  } else if (p == 1) {
-    r = sum(a);
-  } else if (p == 2) {
-    r = b.unary("sqrt", sum(b.binary("multiply", a, a)));
-  } else {
-    r = sum(b.binary("power", a, splat_like(b, p, a)));
-    r = b.binary("power", r, splat_like(b, 1.0 / p, r));
-  }
+  Value a = b.unary("abs", c.diff);
+  Value r = std::isinf(p) ? b.reduce(a, b.constant(0.0, acc), {c.last}, "stablehlo.maximum")
+                          : finite_p_norm(b, a, {c.last}, p, acc);
   return {b.convert(r, out.dtype)};
 }
 
