@@ -204,9 +204,17 @@ std::vector<Value> norm(LoweringContext& ctx) {
 struct Cdist {
   Value diff;  // x1 - x2, [..., P, R, M] in the accumulation dtype
   int64_t last;  // the M dim
+  DType acc;     // the result's accumulation dtype
 };
 
-Cdist cdist_diff(Builder& b, const Value& x1, const Value& x2, const Shape& batch, DType acc) {
+// The differences of a _cdist_* call's x1 and x2 (batch dims: its result's).
+Cdist cdist_diff(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType acc = acc_dtype(out.dtype);
+  Shape batch(out.shape.begin(), out.shape.end() - 2);
+  const Value& x1 = ctx.tensor("x1");
+  const Value& x2 = ctx.tensor("x2");
   int64_t nb = static_cast<int64_t>(batch.size());
   int64_t P = x1.shape()[x1.rank() - 2], R = x2.shape()[x2.rank() - 2], M = x1.shape().back();
   auto spread = [&](const Value& x, int64_t rows, int64_t at) {
@@ -218,15 +226,14 @@ Cdist cdist_diff(Builder& b, const Value& x1, const Value& x2, const Shape& batc
     dims.insert(dims.end(), {nb + at, nb + 2});
     return b.broadcast_in_dim(b.broadcast_to(b.convert(x, acc), s), full, dims);
   };
-  return {b.binary("subtract", spread(x1, P, 0), spread(x2, R, 1)), nb + 2};
+  return {b.binary("subtract", spread(x1, P, 0), spread(x2, R, 1)), nb + 2, acc};
 }
 
 std::vector<Value> cdist_forward(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  DType acc = acc_dtype(out.dtype);
-  Shape batch(out.shape.begin(), out.shape.end() - 2);
-  Cdist c = cdist_diff(b, ctx.tensor("x1"), ctx.tensor("x2"), batch, acc);
+  Cdist c = cdist_diff(ctx);
+  DType acc = c.acc;
   double p = ctx.to_double("p", 2.0);
   Value a = b.unary("abs", c.diff);
   Value r = std::isinf(p) ? b.reduce(a, b.constant(0.0, acc), {c.last}, "stablehlo.maximum")
@@ -240,9 +247,8 @@ std::vector<Value> cdist_forward(LoweringContext& ctx) {
 std::vector<Value> cdist_backward(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  DType acc = acc_dtype(out.dtype);
-  Shape batch(out.shape.begin(), out.shape.end() - 2);
-  Cdist c = cdist_diff(b, ctx.tensor("x1"), ctx.tensor("x2"), batch, acc);
+  Cdist c = cdist_diff(ctx);
+  DType acc = c.acc;
   const Shape& full = c.diff.shape();
   std::vector<int64_t> pr;
   for (int64_t d = 0; d < c.last; ++d) pr.push_back(d);
