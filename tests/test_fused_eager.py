@@ -2,6 +2,7 @@
 run as one program; results equal CPU (and strict eager), flushes happen where
 values are needed, a repeating trace compiles once, float scalars stay runtime
 inputs, errors name the op."""
+import gc
 import os
 import subprocess
 import sys
@@ -422,12 +423,20 @@ def test_compiled_training_step_in_a_region_is_one_program():
         x, y = make((64, 8), seed=40 + i), make((64, 4), seed=50 + i)
         xt, yt = tpu(x), tpu(y)
         m0 = metrics()
-        torch.tpu.synchronize()
-        base = torch.tpu.memory_allocated()
-        torch.tpu.reset_peak_memory_stats()
-        with torch_pjrt.fused():
-            loss = compiled(model, opt, xt, yt)
-        got = loss.item()
+        # Garbage from earlier tests in this worker, collected during the
+        # step (Dynamo's compile allocates a lot), would lower the live bytes
+        # under `base` and hide the step's peak: collected first, then held.
+        gc.collect()
+        gc.disable()
+        try:
+            torch.tpu.synchronize()
+            base = torch.tpu.memory_allocated()
+            torch.tpu.reset_peak_memory_stats()
+            with torch_pjrt.fused():
+                loss = compiled(model, opt, xt, yt)
+            got = loss.item()
+        finally:
+            gc.enable()
         m1 = torch_pjrt.metrics()
         per_step.append({k: delta(m0, m1, k) for k in ("executions", "fused_flushes", "fused_programs_recorded",
                                                         "fused_donated_buffers")})
