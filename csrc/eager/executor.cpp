@@ -354,10 +354,15 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (inst.device >= 0)
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(inst.device)));
 
-  if (st.mode == FloatMode::Unknown) st.mode = float_mode(display);
+  // With no float arguments the two keys are the same, and an op that never
+  // takes one (add(x, y)) never learns its mode: no per-call lookup then.
+  bool floats = has_float_args(inst);
+  if (floats && st.mode == FloatMode::Unknown) st.mode = float_mode(display);
   FloatMode mode = st.mode;
   bool runtime_floats = mode == FloatMode::Dynamic || mode == FloatMode::Validated;
-  std::shared_ptr<Plan> plan = runtime_floats ? cache_find(inst.key_view()) : cache_find(inst.static_key());
+  thread_local std::string static_key;
+  std::shared_ptr<Plan> plan =
+      cache_find(runtime_floats || !floats ? inst.key_view() : inst.static_key_into(static_key));
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     if (!plan->scalar_checks.empty()) check_scalars(plan->scalar_checks, inst, display);
@@ -387,7 +392,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     check_like_cpu(op, args, info->needs_rng, meta);
     bool dynamic = mode != FloatMode::Static;
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
-    if (dynamic && mode == FloatMode::Unknown && has_float_args(inst)) {
+    if (dynamic && mode == FloatMode::Unknown && floats) {
       FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan);
       set_float_mode(display, learned);
       st.mode = learned;

@@ -46,7 +46,13 @@ struct OpInstance {
   c10::SmallVector<ScalarInput, 4> scalars;
   // (The same as `key` when there are no float arguments.)
   std::string static_key() const {
-    std::string k(key_view());
+    std::string k;
+    static_key_into(k);
+    return k;
+  }
+  // The same into `k` (a caller's reused buffer: no allocation per call).
+  std::string_view static_key_into(std::string& k) const {
+    k.assign(key.data(), key.size());
     for (const ScalarInput& s : scalars)
       if (s.from_float_arg) k.append(reinterpret_cast<const char*>(&s.value), sizeof(s.value));
     return k;
