@@ -141,3 +141,19 @@ def test_fallback_counted_once_per_call(metrics_delta):
     torch.digamma(x, out=out)
     assert metrics_delta()["cpu_fallbacks"] == {"aten::digamma.out": 1}
     assert torch_pjrt.metrics()["cpu_fallbacks"]["aten::digamma.out"] >= 1
+
+
+def test_mode_out_runs_as_cpu():
+    # PyTorch's generic mode_out accepts CPU, CUDA and XPU only: it raised
+    # "mode only supports CPU, CUDA and XPU device type, got: tpu".
+    x = make((3, 5), seed=3).round()
+    x[:, :2] = 1.0  # ties: the smallest mode, its last index, as CPU
+    v, i = torch.empty(0), torch.empty(0, dtype=torch.long)
+    vt, it = tpu(v), tpu(i)
+    r = torch.mode(tpu(x), 1, out=(vt, it))
+    assert r[0] is vt and r[1] is it
+    torch.mode(x, 1, out=(v, i))
+    assert_same(vt, v)
+    assert_same(it, i)
+    with pytest.raises(RuntimeError, match="expected scalar type 'Long' but got 'Int'"):
+        torch.mode(tpu(x), 1, out=(tpu(v), tpu(i.int())))

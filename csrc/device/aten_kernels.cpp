@@ -388,6 +388,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                          "_index_put_impl_", "_unsafe_index_put"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&with_device_indices>());
   m.impl("masked_select", masked_select);
+  // PyTorch's CompositeExplicitAutograd mode_out accepts CPU, CUDA and XPU
+  // only: the out= form takes the fallback's path as the functional one does.
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
   m.impl("set_.source_Storage_storage_offset", set_source_storage);
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_.source_Storage", set_storage_only);
