@@ -245,3 +245,41 @@ def test_cpu_checks_can_be_switched_off():
         out = run_python(code, TORCH_PJRT_CPU_CHECKS=setting)
         assert out.returncode == 0, out.stderr[-2000:]
         assert f"RESULT {expected}" in out.stdout, (setting, out.stdout)
+
+
+# ---- an in-place op's self (or an out= tensor that is also an input) is never resized ----
+def _ones(d, *shape):
+    return torch.ones(*shape, device=d)
+
+
+def _mul_out_self(d):
+    x = _ones(d, 5, 1)
+    return torch.mul(x, _ones(d, 5, 5), out=x)
+
+
+NOT_RESIZED = {
+    # These resized self to [5, 5] on tpu (a Python meta kernel, or PyTorch's
+    # generic in-place kernel calling the out= form with self as out).
+    "floor_divide_": lambda d: _ones(d, 5, 1).floor_divide_(_ones(d, 5, 5)),
+    "ldexp_": lambda d: _ones(d, 5, 1).ldexp_(_ones(d, 5, 5)),
+    "mul(x, y, out=x)": _mul_out_self,
+    "mul_": lambda d: _ones(d, 5, 1).mul_(_ones(d, 5, 5)),
+}
+BROADCAST_INTO_SELF = {  # the valid neighbours
+    "floor_divide_": lambda d: _ones(d, 5, 5).floor_divide_(_ones(d, 5, 1) * 2),
+    "ldexp_": lambda d: _ones(d, 5, 5).ldexp_(_ones(d, 5, 1)),
+    "mul(x, y, out=other)": lambda d: torch.mul(_ones(d, 5, 1), _ones(d, 5, 5), out=torch.empty(0, device=d)),
+}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+@pytest.mark.parametrize("name", list(NOT_RESIZED))
+def test_in_place_self_is_not_resized(name, fused):
+    err = same_outcome(NOT_RESIZED[name], fused)
+    assert err is not None and "doesn't match the broadcast shape [5, 5]" in str(err)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+@pytest.mark.parametrize("name", list(BROADCAST_INTO_SELF))
+def test_in_place_broadcast_into_self_as_cpu(name, fused):
+    same_outcome(BROADCAST_INTO_SELF[name], fused)

@@ -153,6 +153,16 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     if (s < 0) continue;
     const at::Tensor& m = meta_args[i].toTensor();
     if (m.sizes() != inst.slots[s].tensor.sizes()) {
+      // An in-place op's self is never resized, nor is an out= tensor that is
+      // also an input (CPU's TensorIterator check). Some Python meta kernels
+      // (floor_divide_) resize self as an out= tensor instead, and generic
+      // in-place kernels (ldexp_, addr_) call out= forms with self as out.
+      bool also_input = !sargs[i].kwarg_only();
+      for (size_t j = 0; j < args.size() && !also_input; ++j)
+        also_input = j != i && !is_write(sargs[j]) && args[j].isTensor() && args[i].isTensor() &&
+                     args[j].toTensor().is_same(args[i].toTensor());
+      TORCH_CHECK(!also_input, "output with shape ", inst.slots[s].tensor.sizes(),
+                  " doesn't match the broadcast shape ", m.sizes());
       resizes->push_back(Resize{s, m.sizes().vec()});
       if (dry) continue;
       inst.slots[s].tensor.resize_(m.sizes());
