@@ -374,3 +374,18 @@ def test_histc_integers_count_like_cuda(no_cpu_fallback, dtype):
     # The MoE routing call: tokens per expert, equal to bincount.
     ids = torch.randint(0, 8, (64,), generator=torch.Generator().manual_seed(0)).to(dtype)
     assert torch.histc(tpu(ids), bins=8, min=0, max=7).cpu().tolist() == torch.bincount(ids.long(), minlength=8).tolist()
+
+
+def test_scatter_with_an_empty_index_of_lower_rank():
+    # An empty 1-d index into a 2-d self is a no-op on CPU; tpu's program failed to compile.
+    x, idx, src = make((2, 3)), torch.tensor([], dtype=torch.long), make((2, 3))
+    for fn in (lambda t, i, s: t.scatter(0, i, 3.0), lambda t, i, s: t.scatter_add(0, i, s),
+               lambda t, i, s: t.scatter_reduce(0, i, s, "amax"), lambda t, i, s: t.clone().scatter_(0, i, s)):
+        assert_same(fn(*tpu((x, idx, src))), fn(x, idx, src))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_index_fill_takes_int64_indices_only(dtype):
+    # CPU's index_fill (unlike index_add/copy/select) raises IndexError for other index dtypes.
+    check_raises(lambda t, i: t.index_fill(0, i, 1.0), make((3,)), torch.tensor([0], dtype=dtype))
+    check(lambda t, i: t.index_fill(0, i, 1.0), make((3,)), torch.tensor([0, -1]))

@@ -69,3 +69,14 @@ def test_clamp_tensor_int_and_bad_input():
     x = make((3, 4), torch.int32)
     check(lambda x, lo, hi: x.clamp(lo, hi), x, make((4,), torch.int32, low=-2, high=0), make((4,), torch.int32))
     check_raises(lambda x, m, v: x.masked_fill(m, v), make((3,)), make((3,), torch.bool), make((2,)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_addcmul_nonfinite_times_false_is_nan(dtype):
+    # XLA rewrote convert(False) * nan into select(False, nan, 0): 0, where CPU gives nan.
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 2.0, -0.0], dtype=dtype)
+    p = torch.tensor([False, False, False, False, True])
+    zero = torch.zeros(5, dtype=dtype)
+    check(lambda s, a, b: torch.addcmul(s, a, b, value=0.5), zero, x, p)
+    check(lambda s, a, b: torch.addcmul(s, a, b), zero, p, x)
+    check(lambda s, a, b: s.clone().addcmul_(a, b), zero, x, p)

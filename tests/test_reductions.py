@@ -163,6 +163,11 @@ def test_var_std_of_constant_slices_is_exactly_zero_and_nonfinite_values_as_cpu(
     check(lambda t: torch.var_mean(t, 1), bad)
     check(lambda t: torch.std_mean(t, 1), bad)
     check(lambda t: t.var(1), bad)
+    # Over one value the mean is that value, inf too (it was nan)
+    one = torch.tensor([[float("inf")], [-float("inf")], [2.0]])
+    for correction in (0, 1):
+        assert_same(torch.var_mean(tpu(one), 1, correction=correction)[1], torch.var_mean(one, 1, correction=correction)[1])
+        assert_same(torch.std_mean(tpu(one), 1, correction=correction)[1], torch.std_mean(one, 1, correction=correction)[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.bool])

@@ -152,8 +152,10 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   Value r = b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss));
   if (sqrt) r = b.unary("sqrt", r);
   std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
-  // CPU's Welford mean is nan wherever the variance is (an inf among the values).
-  if (with_mean) res.push_back(b.reshape(b.select(b.compare(Cmp::NE, ss, ss), ss, mean), ctx.out(1).shape));
+  // CPU's Welford mean is nan wherever the variance is (an inf among the
+  // values, then another value), except over one value: that value itself.
+  if (with_mean)
+    res.push_back(b.reshape(n == 1 ? mean : b.select(b.compare(Cmp::NE, ss, ss), ss, mean), ctx.out(1).shape));
   return res;
 }
 

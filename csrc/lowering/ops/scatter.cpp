@@ -110,6 +110,9 @@ ElementScatter element_scatter(LoweringContext& ctx) {
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
   Value idx = index.rank() == 0 || self.rank() == 0 ? b.reshape(index, {index.type.numel()}) : index;
   e.update_shape = idx.shape();
+  // An empty index scatters nothing, whatever its rank (CPU accepts a 1-d
+  // empty index into a 2-d self); the callers return self.
+  if (idx.type.numel() == 0) return e;
   int64_t size = e.self.shape()[dim];
   ctx.check_indices(idx, 0, size,
                     "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size),
@@ -241,6 +244,8 @@ std::vector<Value> index_copy(LoweringContext& ctx) {
 
 // index_fill(self, dim, index, value): value is a Scalar or a 0-d tensor.
 std::vector<Value> index_fill(LoweringContext& ctx) {
+  // (CPU's index_fill alone of these takes int64 indices only.)
+  if (ctx.tensor("index").dtype() != DType::I64) ctx.index_error("index_fill_(): Expected dtype int64 for index.");
   SliceScatter s = slice_scatter(ctx, true);
   if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
   Value v = ctx.b.broadcast_to(ctx.operand("value", s.self.dtype()), s.update_shape);
