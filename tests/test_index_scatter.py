@@ -389,3 +389,11 @@ def test_index_fill_takes_int64_indices_only(dtype):
     # CPU's index_fill (unlike index_add/copy/select) raises IndexError for other index dtypes.
     check_raises(lambda t, i: t.index_fill(0, i, 1.0), make((3,)), torch.tensor([0], dtype=dtype))
     check(lambda t, i: t.index_fill(0, i, 1.0), make((3,)), torch.tensor([0, -1]))
+
+
+@pytest.mark.parametrize("shape", [(3,), (3, 2)])
+def test_index_add_out_of_range_raises_as_cpu(shape):
+    # CPU raises IndexError for a 1-d self and RuntimeError otherwise.
+    for i in (-1, 3):
+        check_raises(lambda t, idx, s: t.index_add_(0, idx, s).cpu(), torch.zeros(shape), torch.tensor([i]),
+                     torch.ones((1,) + shape[1:]))

@@ -263,3 +263,15 @@ def test_cdist_forward_backward(p, shapes, no_cpu_fallback):
         (d * gg).sum().backward()
         results.append((d, a.grad, b.grad))
     assert_same(results[1], results[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_empty_dim_list_reduces_as_cpu(keepdim):
+    # dim=(): all/any reduce nothing, sum/mean/amax/var everything. all/any
+    # failed to compile on tpu (a full reduction into an unreduced shape).
+    x = make((2, 3))
+    for fn in (torch.all, torch.any, torch.sum, torch.mean, torch.amax, torch.var, torch.nansum):
+        assert_same(fn(tpu(x), dim=(), keepdim=keepdim), fn(x, dim=(), keepdim=keepdim))
+    b = make((2, 3), torch.bool)
+    for fn in (torch.all, torch.any):
+        assert_same(fn(tpu(b), dim=(), keepdim=keepdim), fn(b, dim=(), keepdim=keepdim))

@@ -189,3 +189,13 @@ def test_median_nan_and_grad():
 def test_dim_errors_missed_by_meta_raise_index_error():
     check_raises(lambda t: t.sort(2), distinct((3, 5)))
     check_raises(lambda t: t.median(1), torch.empty(2, 0))
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_topk_of_a_0d_tensor(k):
+    # CPU gives the element itself for k = 0 too; tpu's program failed to compile.
+    x = torch.tensor(3.0)
+    v, i = torch.topk(tpu(x), k)
+    ev, ei = torch.topk(x, k)
+    assert_same(v, ev)
+    assert_same(i, ei)

@@ -29,7 +29,11 @@ Value extreme(Builder& b, DType dt, bool lowest) {
 
 // The reduced dims of `self` from the optional "dim" argument (None or [] is all).
 std::vector<int64_t> reduced_dims(const LoweringContext& ctx, const Value& x) {
-  return wrap_dims(ctx.ints("dim"), x.rank());
+  std::vector<int64_t> dims = ctx.ints("dim");
+  // dim=(): all/any reduce nothing, sum and mean everything; the output's
+  // shape says which.
+  if (dims.empty() && ctx.has("dim") && x.rank() > 0 && ctx.out().shape == x.shape()) return {};
+  return wrap_dims(dims, x.rank());
 }
 
 int64_t count(const Value& x, const std::vector<int64_t>& dims) {

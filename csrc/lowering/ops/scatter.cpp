@@ -226,7 +226,10 @@ bool nothing_to_do(const SliceScatter& s) { return s.self.type.numel() == 0 || n
 // index_add(self, dim, index, source, alpha).
 std::vector<Value> index_add(LoweringContext& ctx) {
   Builder& b = ctx.b;
-  SliceScatter s = slice_scatter(ctx, false, LoweringContext::CheckError::Runtime);
+  // (CPU raises IndexError for a 1-d self, RuntimeError otherwise.)
+  SliceScatter s = slice_scatter(ctx, false,
+                                 ctx.tensor("self").rank() <= 1 ? LoweringContext::CheckError::Index
+                                                                : LoweringContext::CheckError::Runtime);
   if (nothing_to_do(s)) return {b.reshape(s.self, ctx.out().shape)};
   DType dt = s.self.dtype();
   Value src = source_updates(ctx, s);

@@ -93,7 +93,8 @@ std::vector<Value> topk(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Value x;
   int64_t dim = prepare(ctx, x);
-  int64_t k = ctx.to_int("k", 1);
+  // (A 0-d input gives itself for k = 0 as for k = 1 on CPU: k is then read as 1.)
+  int64_t k = ctx.tensor("self").rank() == 0 ? 1 : ctx.to_int("k", 1);
   if (ctx.out(0).numel() == 0) return {b.zeros(ctx.out(0)), b.zeros(ctx.out(1))};
   auto [v, i] = sort_with_indices(b, x, dim, ctx.to_bool("largest", true));
   return {b.reshape(take(b, v, dim, 0, k), ctx.out(0).shape),
