@@ -397,3 +397,16 @@ def test_index_add_out_of_range_raises_as_cpu(shape):
     for i in (-1, 3):
         check_raises(lambda t, idx, s: t.index_add_(0, idx, s).cpu(), torch.zeros(shape), torch.tensor([i]),
                      torch.ones((1,) + shape[1:]))
+
+
+def test_index_select_with_an_empty_result_checks_its_indices():
+    # CPU raises for an out-of-range index even when the result is empty
+    # (another dim of size 0); tpu returned the empty result.
+    x = torch.zeros(2, 0)
+    for i in (-3, -1, 2):
+        with pytest.raises(RuntimeError, match="out of DATA bounds"):
+            torch.index_select(x, 0, torch.tensor([i]))
+        with pytest.raises(RuntimeError, match="out of DATA bounds"):
+            torch.index_select(tpu(x), 0, tpu(torch.tensor([i])))
+            torch.tpu.synchronize()  # (a device-side check: raised at the next read or synchronize)
+    assert_same(torch.index_select(tpu(x), 0, tpu(torch.tensor([1, 0]))), torch.index_select(x, 0, torch.tensor([1, 0])))

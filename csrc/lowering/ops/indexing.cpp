@@ -38,7 +38,14 @@ std::vector<Value> index_select(LoweringContext& ctx) {
     ctx.check_indices(idx, 0, 1, "index_select(): index out of range in self");
     return {x};
   }
-  if (out.numel() == 0) return {b.zeros(out)};
+  if (out.numel() == 0) {
+    // An empty result still checks its indices on CPU (another path of its
+    // kernel: another message, a RuntimeError).
+    if (index.type.numel() > 0)
+      ctx.check_indices(idx, 0, x.shape()[dim], "index_select(): INDICES element is out of DATA bounds",
+                        LoweringContext::CheckError::Runtime);
+    return {b.zeros(out)};
+  }
   // Every index is out of range of an empty dim (XLA rejects the gather).
   if (x.shape()[dim] == 0) ctx.index_error("index_select(): index out of range in self");
   ctx.check_indices(idx, 0, x.shape()[dim], "index_select(): index out of range in self");
