@@ -173,3 +173,17 @@ def test_checks_switch_at_run_time():
         x.index_select(0, i).cpu()
     with pytest.raises(IndexError, match="compiled graph"):
         f(x, i).cpu()
+
+
+@pytest.mark.parametrize("name", ["scatter", "index_put_", "index_select"])
+def test_a_read_of_an_empty_result_reports_its_failed_check(name):
+    # The op's result is empty, so reading it read nothing: the failure was
+    # raised by the next, unrelated read instead.
+    bad = {
+        "scatter": lambda: torch.zeros(0, device="tpu").scatter(0, tpu(torch.tensor(0)), 3.0),
+        "index_put_": lambda: torch.zeros(0, 2, device="tpu").index_put_((tpu(torch.tensor([1])),), tpu(torch.tensor(1.0))),
+        "index_select": lambda: torch.zeros(2, 0, device="tpu").index_select(0, tpu(torch.tensor([5]))),
+    }[name]
+    with pytest.raises((RuntimeError, IndexError), match="out of"):
+        bad().cpu()
+    assert (torch.ones(2, device="tpu") * 2).cpu().tolist() == [2.0, 2.0]

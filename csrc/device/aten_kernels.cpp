@@ -107,9 +107,19 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 
 // Host -> tpu, tpu -> host and tpu -> tpu (same or another device).
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  if (self.numel() == 0) return self;
   bool dst_tpu = self.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
   auto& rt = runtime::Runtime::get();
+  if (self.numel() == 0) {
+    // A read of nothing still reports a failed device-side check of the work
+    // before it (an out-of-range index into an empty tensor), as a read of
+    // data would, not at a later, unrelated read.
+    if (src_tpu && self.device().is_cpu()) {
+      eager::capture_host_read("a copy to the host: .cpu(), .tolist(), .numpy() or print");
+      eager::fused_flush("synchronize");
+      rt.synchronize(src.device().index());
+    }
+    return self;
+  }
   if (!dst_tpu) {
     // tpu -> host: the lock only while the source is read; the wait for the
     // device happens outside it, so other threads' ops can be queued meanwhile.
