@@ -283,3 +283,14 @@ def test_in_place_self_is_not_resized(name, fused):
 @pytest.mark.parametrize("name", list(BROADCAST_INTO_SELF))
 def test_in_place_broadcast_into_self_as_cpu(name, fused):
     same_outcome(BROADCAST_INTO_SELF[name], fused)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+def test_expanded_out_of_the_wrong_size_raises_as_cpu(fused):
+    # CPU checks an out= tensor for internal overlap before resizing it; tpu
+    # resized the expanded tensor (a new storage) and wrote there.
+    def fn(d):
+        out = torch.zeros(1, 4, device=d).expand(3, 4)
+        return torch.add(torch.ones(5, device=d), 1, out=out)
+    err = same_outcome(fn, fused)
+    assert err is not None and "more than one element of the written-to tensor" in str(err)

@@ -163,6 +163,9 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
                      args[j].toTensor().is_same(args[i].toTensor());
       TORCH_CHECK(!also_input, "output with shape ", inst.slots[s].tensor.sizes(),
                   " doesn't match the broadcast shape ", m.sizes());
+      // CPU checks an out= tensor for internal overlap before resizing it (an
+      // expanded out= tensor is not silently replaced by a new storage).
+      at::assert_no_internal_overlap(inst.slots[s].tensor);
       resizes->push_back(Resize{s, m.sizes().vec()});
       if (dry) continue;
       inst.slots[s].tensor.resize_(m.sizes());
