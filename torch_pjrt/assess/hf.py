@@ -53,7 +53,7 @@ def workload(directory, batch_sizes=(1, 2, 4), max_new_tokens=8):
         from transformers import AutoModel, AutoModelForCausalLM
         torch.manual_seed(0)
         cls = AutoModelForCausalLM if causal else AutoModel
-        return cls.from_pretrained(directory, torch_dtype=torch.float32)
+        return cls.from_pretrained(directory, dtype=torch.float32)
 
     def make_inputs(batch_size):
         ids, mask = _token_ids(directory, config, batch_size)
