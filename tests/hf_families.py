@@ -7,11 +7,22 @@ the same function from the same weights."""
 import contextlib
 import copy
 import dataclasses
+import warnings
 from typing import Callable
 
+import pytest
 import torch
 
 import torch_pjrt
+
+
+@pytest.fixture(autouse=True)
+def quiet_warnings():
+    """The model families' own deprecation and config warnings, hidden (a test
+    module that imports this fixture uses it for each of its tests)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 @dataclasses.dataclass

@@ -16,12 +16,12 @@ Persimmon), logit soft-capping and sliding windows (Gemma2, Gemma3, Cohere2,
 Starcoder2, GPT-Neo), parallel attention/MLP blocks (Falcon, GPT-J, Cohere),
 multi-query attention (GPT-BigCode), selective-scan state-space layers (Mamba)
 and the RWKV recurrence."""
-import warnings
 
 import pytest
 
 pytest.importorskip("transformers")
 import hf_families as hf  # noqa: E402
+from hf_families import quiet_warnings  # noqa: E402, F401 (autouse in this module)
 from hf_families import Family, _hf_loss, _ids, _seeded  # noqa: E402
 
 
@@ -122,13 +122,6 @@ NAMES = list(FAMILIES)
 # mechanisms: ALiBi, soft-capping + sliding window, the Mamba scan, interleaved
 # rotary, expert routing.
 GENERATES = ["BLOOM", "Gemma2", "Mamba", "GPT-J", "Mixtral"]
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.mark.parametrize("name", NAMES)

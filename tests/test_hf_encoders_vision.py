@@ -9,7 +9,6 @@ downloaded anywhere (configs only, pretrained=False)."""
 import contextlib
 import copy
 import dataclasses
-import warnings
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 import hf_families as hf  # noqa: E402
+from hf_families import quiet_warnings  # noqa: E402, F401 (autouse in this module)
 from hf_families import Family, _ids, _image, _hf_loss, _seeded  # noqa: E402
 
 import torch_pjrt  # noqa: E402
@@ -222,13 +222,6 @@ def check_fused_backward(fam):
 
 NAMES = list(FAMILIES)
 GENERATES = [n for n in NAMES if FAMILIES[n].generates]
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.mark.parametrize("name", NAMES)

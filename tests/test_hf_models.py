@@ -3,22 +3,15 @@ forward output, a training step (loss, gradients, the loss after an SGD step)
 and greedy generation, with no op through the CPU fallback. The families and
 checks are in tests/hf_families.py; docs/huggingface.md shows their figures
 (scripts/gen_hf_doc.py)."""
-import warnings
 
 import pytest
 
 pytest.importorskip("transformers")
 import hf_families as hf  # noqa: E402
+from hf_families import quiet_warnings  # noqa: E402, F401 (autouse in this module)
 
 NAMES = list(hf.FAMILIES)
 GENERATES = [n for n in NAMES if hf.FAMILIES[n].generates]
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.mark.parametrize("name", NAMES)

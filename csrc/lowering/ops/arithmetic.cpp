@@ -48,13 +48,11 @@ std::vector<Value> mul(LoweringContext& ctx) {
   DType dt = compute_dtype(ctx, "self", "other"), mt = scalar_math_dtype(ctx, dt);
   const Shape& shape = ctx.out().shape;
   if (dt != DType::Bool && (is_float(dt) || is_complex(dt))) {
-    // A bool factor as select(p, x, x * 0): XLA rewrites convert(p) * x into
-    // select(p, x, 0), which loses False * inf = nan (and -0.0).
+    // A bool factor (times_bool keeps False * inf = nan).
     for (const auto& [flag, other] : {std::pair{"self", "other"}, std::pair{"other", "self"}}) {
       if (ctx.promotion(flag).dtype != DType::Bool || ctx.promotion(other).dtype == DType::Bool) continue;
       Value p = b.broadcast_to(ctx.operand(flag, DType::Bool), shape);
-      Value x = operand_as(ctx, other, mt, shape);
-      return {b.convert(b.select(p, x, b.binary("multiply", x, splat_like(b, 0, x))), dt)};
+      return {b.convert(times_bool(b, operand_as(ctx, other, mt, shape), p), dt)};
     }
   }
   Value a = operand_as(ctx, "self", mt, shape), o = operand_as(ctx, "other", mt, shape);

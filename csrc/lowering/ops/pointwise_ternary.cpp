@@ -18,12 +18,10 @@ std::vector<Value> addc(LoweringContext& ctx, const char* hlo) {
   Value v = operand_as(ctx, "value", dt, shape);
   if (dt == DType::Bool)  // addcmul on bool: or / and, as PyTorch's bool arithmetic
     return {b.binary("or", self, b.binary("and", b.binary("and", v, t1), t2))};
-  // x * a bool tensor as select(p, x, x * 0), as mul does: XLA rewrites
-  // convert(p) * x into select(p, x, 0), which loses nan * False = nan.
+  // A bool factor as mul takes it (times_bool keeps nan * False = nan).
   auto times = [&](const Value& x, const char* name, const Value& y) {
     if (ctx.promotion(name).dtype != DType::Bool) return b.binary("multiply", x, y);
-    Value p = b.broadcast_to(ctx.operand(name, DType::Bool), shape);
-    return b.select(p, x, b.binary("multiply", x, splat_like(b, 0, x)));
+    return times_bool(b, x, b.broadcast_to(ctx.operand(name, DType::Bool), shape));
   };
   Value m = times(v, "tensor1", t1);
   Value r = b.binary("add", self, std::string(hlo) == "multiply" ? times(m, "tensor2", t2) : b.binary(hlo, m, t2));

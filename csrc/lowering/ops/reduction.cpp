@@ -27,7 +27,8 @@ Value extreme(Builder& b, DType dt, bool lowest) {
   }
 }
 
-// The reduced dims of `self` from the optional "dim" argument (None or [] is all).
+// The reduced dims of `self` from the optional "dim" argument: None is all;
+// [] is all too, except where the output keeps self's shape (all/any).
 std::vector<int64_t> reduced_dims(const LoweringContext& ctx, const Value& x) {
   std::vector<int64_t> dims = ctx.ints("dim");
   // dim=(): all/any reduce nothing, sum and mean everything; the output's
