@@ -256,8 +256,6 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
 struct OpStatic {
   std::string base, lookup_overload, display;
   bool foreach = false;
-  // A structured op's functional or in-place form (lowering_routes.cpp).
-  bool structured = false;
   const lowering::LoweringInfo* info = nullptr;
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
 };
@@ -281,7 +279,6 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
     else if (overload == "ScalarList") st->lookup_overload = "Scalar";
   }
   st->display = op_display_name(schema);
-  st->structured = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
   slot = std::move(st);
   return *slot;
@@ -304,15 +301,6 @@ void check_partial_overlap(const OpInstance& inst, const c10::FunctionSchema& sc
 
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpStatic& st = op_static(op);
-  if (st.structured && fused_active()) {
-    // Fused eager records an op without making its outputs, so PyTorch's
-    // structured wrapper stays in front there: its output allocation is where
-    // an out-of-memory error is raised at the op, as in strict eager (whose
-    // launch checks the outputs fit). The wrapper then calls the out= form,
-    // which comes back here. (PrivateUse2: see plan_build.cpp, run_meta.)
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
-    return;
-  }
   device::DeviceLock lock;  // one op at a time on tpu storages (device_lock.h)
   const auto& schema = op.schema();
   size_t nargs = schema.arguments().size();
