@@ -552,6 +552,46 @@ def test_pipelined_cut_values_and_a_bad_index_after_the_cut_raises_at_the_next_r
             state.sum().item()
 
 
+def _end_read_step(base, idx_a, idx_b):
+    """23 ops whose last one computes the value read: index_select with
+    idx_a is op 2 (in the first part once split), with idx_b op 22 (in the
+    last part)."""
+    x = base.clone().index_select(0, idx_a)
+    for _ in range(10):
+        x = x * 1.01 + 0.1
+    return x.index_select(0, idx_b).sum().item()
+
+
+def test_a_trace_read_at_its_end_is_split_and_checks_keep_their_read():
+    torch.manual_seed(2)
+    base_c = torch.randn(8)
+    good = torch.arange(8).flip(0)
+    base, idx = tpu(base_c), tpu(good)
+    want = _end_read_step(base_c, good, good)
+    m0 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(5):
+            assert _end_read_step(base, idx, idx) == pytest.approx(want, rel=1e-6)
+        m1 = torch_pjrt.metrics()
+        assert delta(m0, m1, "fused_pipeline_cuts_learned") >= 1
+        # From the 3rd step on: the first part flushed at the split, the last
+        # at the read.
+        assert reasons(m0, m1).get("pipeline", 0) >= 3, reasons(m0, m1)
+        # A bad index raises at this read, in either part (the read waits for
+        # the last part, so its checks are not deferred).
+        bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
+        with pytest.raises(IndexError, match="index_select"):
+            _end_read_step(base, bad, idx)
+        with pytest.raises(IndexError, match="index_select"):
+            _end_read_step(base, idx, bad)
+        assert _end_read_step(base, idx, idx) == pytest.approx(want, rel=1e-6)
+    with torch_pjrt.fused(pipeline=False):
+        m2 = torch_pjrt.metrics()
+        for _ in range(3):
+            assert _end_read_step(base, idx, idx) == pytest.approx(want, rel=1e-6)
+        assert "pipeline" not in reasons(m2, torch_pjrt.metrics())
+
+
 def _short_step(base, state, before):
     """Reads v after `before` pairs of ops (plus a clone and a sum); 6 ops after it write `state`."""
     x = base.clone()
