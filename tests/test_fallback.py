@@ -97,3 +97,43 @@ def test_fallback_sees_the_tpu_layout_linalg_det_of_a_view():
         torch.linalg.det(((x.to(dev) @ w).tanh())[:, :3, :3]).sum().backward()
         grads.append(w.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+def test_fallback_off_the_importing_thread_starts_no_openmp_team():
+    """A CPU fallback (or a CPU error check) on another thread (autograd's tpu
+    thread, a user's thread) runs with one OpenMP thread: a second team makes
+    libgomp stop spinning in every team, and PyTorch's CPU ops on the main
+    thread ran 2.6x slower for the rest of the process (csrc/eager/cpu_threads.h).
+    The op's CPU kernel reports the thread count it runs with."""
+    import threading
+
+    seen = []
+
+    @torch.library.custom_op("torch_pjrt_test::threads_seen", mutates_args=(), device_types="cpu")
+    def threads_seen(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return x + 1
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = tpu(torch.ones(4))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert_same(threads_seen(x), torch.full((4,), 2.0))
+            after_in_thread = []
+
+            def other():
+                threads_seen(x)
+                after_in_thread.append(torch.get_num_threads())
+
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+            threads_seen(x)
+        # main thread: PyTorch's count; the other thread: one while the op ran,
+        # its own setting again after it
+        assert seen == [2, 1, 2] and after_in_thread == [2], (seen, after_in_thread)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

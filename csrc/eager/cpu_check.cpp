@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "eager/cpu_threads.h"
 #include "eager/env.h"
 #include "eager/ivalue_tensors.h"
 
@@ -78,6 +79,7 @@ struct QuietWarnings : c10::WarningHandler {
 Outcome call(const c10::OperatorHandle& op, torch::jit::Stack stack, CpuError* err) {
   QuietWarnings quiet;
   c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
+  SerialCpuOffHome serial;
   try {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&stack);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 
+#include "eager/cpu_threads.h"
 #include "eager/env.h"
 #include "eager/fused.h"
 #include "eager/op_instance.h"
@@ -76,6 +77,7 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu; it runs on the CPU "
                "(inputs copied to the host and results back). Counted in "
                "torch_pjrt.metrics()['cpu_fallbacks'].");
+  SerialCpuOffHome serial;
   at::native::cpu_fallback(op, stack);
 }
 
