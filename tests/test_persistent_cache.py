@@ -388,6 +388,19 @@ def test_cap_below_one_entry_keeps_only_the_one_just_written(warm, tmp_path):
         assert m["persistent_cache_evictions"] == n - 1
 
 
+def test_the_directory_is_scanned_for_the_cap_once_not_at_every_write(warm, tmp_path):
+    # Adding up a big cache costs a stat per entry (0.2 s at 100,000 entries):
+    # scanned at the first write; later writes that keep the total under the
+    # cap (this process's own count) do not scan again.
+    _, m, err = run(TORCH_PJRT_CACHE_DIR=tmp_path / "cache")
+    assert "torch_pjrt:" not in err, err
+    assert m["persistent_cache_writes"] == warm[2]["xla_compiles"] > 2
+    assert m["persistent_cache_scans"] == 1
+    # A cap every write passes: each write scans (and evicts).
+    _, m, err = run(TORCH_PJRT_CACHE_DIR=tmp_path / "small", TORCH_PJRT_CACHE_MAX_SIZE="1")
+    assert m["persistent_cache_scans"] == m["persistent_cache_writes"] > 2
+
+
 def test_hostile_entries_and_a_bad_cap_setting_are_misses_with_a_warning(warm, tmp_path,
                                                                          unprivileged):
     d = copy_of(warm, tmp_path)

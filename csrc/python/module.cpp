@@ -182,6 +182,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["persistent_cache_hits"] = mt.persistent_cache_hits.load();
     d["persistent_cache_misses"] = mt.persistent_cache_misses.load();
     d["persistent_cache_writes"] = mt.persistent_cache_writes.load();
+    d["persistent_cache_scans"] = mt.persistent_cache_scans.load();
     d["persistent_cache_errors"] = mt.persistent_cache_errors.load();
     d["persistent_cache_load_seconds"] = mt.persistent_cache_load_seconds.load();
     d["persistent_cache_save_seconds"] = mt.persistent_cache_save_seconds.load();

@@ -377,16 +377,28 @@ bool PersistentCache::store(const Sha256::Digest& key, size_t program_size,
     return false;
   }
   metrics().persistent_cache_writes++;
-  if (max_size_) enforce_cap(Sha256::hex(key) + kSuffix);
+  if (max_size_) after_write(Sha256::hex(key) + kSuffix, entry.size());
   return true;
 }
 
-void PersistentCache::enforce_cap(const std::string& keep) {
+void PersistentCache::after_write(const std::string& name, uint64_t bytes) {
+  constexpr auto kRescanSeconds = std::chrono::seconds(60);
+  std::lock_guard<std::mutex> lock(cap_mutex_);
+  auto now = std::chrono::steady_clock::now();
+  cap_estimate_ += bytes;
+  if (cap_scanned_ && cap_estimate_ <= max_size_ && now - cap_scan_time_ < kRescanSeconds) return;
+  metrics().persistent_cache_scans++;
+  cap_estimate_ = enforce_cap(name);
+  cap_scanned_ = true;
+  cap_scan_time_ = now;
+}
+
+uint64_t PersistentCache::enforce_cap(const std::string& keep) {
   DIR* dir = ::opendir(dir_.c_str());
   if (!dir) {
     warn_once("scan", "torch_pjrt: cannot list the persistent executable cache " + dir_ + ": " +
                           errno_text() + "; its size cap is not enforced");
-    return;
+    return 0;
   }
   struct File {
     struct timespec mtime;
@@ -433,6 +445,7 @@ void PersistentCache::enforce_cap(const std::string& keep) {
     }
   }
   ::closedir(dir);
+  return total;
 }
 
 }  // namespace torch_pjrt::runtime

@@ -42,6 +42,7 @@ struct Metrics {
   std::atomic<int64_t> persistent_cache_hits{0};
   std::atomic<int64_t> persistent_cache_misses{0};
   std::atomic<int64_t> persistent_cache_writes{0};
+  std::atomic<int64_t> persistent_cache_scans{0};  // directory scans for the size cap
   std::atomic<int64_t> persistent_cache_errors{0};
   std::atomic<double> persistent_cache_load_seconds{0.0};
   std::atomic<double> persistent_cache_save_seconds{0.0};
