@@ -96,13 +96,13 @@ void Runtime::choose_donations(const std::vector<BufferPtr>& args, const std::ve
   // An execution made on this thread would run ahead of queued ones: where
   // an execution holds a candidate, the queue is launched first (as it
   // holds the device lock, nothing is queued again before this one runs).
-  if (!queued)
-    for (int64_t x : candidates)
-      if (args[x]->queue_refs_.load() > 0) {
-        await_launches();
-        break;
-      }
-  {
+  bool held = false;
+  for (int64_t x : candidates) held |= args[x]->queue_refs_.load() > 0;
+  if (held && !queued) await_launches();
+  // Finished executions' holds go first, so that they do not keep a buffer
+  // from being donated; only needed when an execution holds a candidate
+  // (retiring releases buffers, work the launch thread's enqueue does too).
+  if (held) {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     retire_ready_locked(device);
   }
