@@ -410,3 +410,40 @@ def test_index_select_with_an_empty_result_checks_its_indices():
             torch.index_select(tpu(x), 0, tpu(torch.tensor([i])))
             torch.tpu.synchronize()  # (a device-side check: raised at the next read or synchronize)
     assert_same(torch.index_select(tpu(x), 0, tpu(torch.tensor([1, 0]))), torch.index_select(x, 0, torch.tensor([1, 0])))
+
+
+@pytest.mark.parametrize("case", ["add_empty_self", "add_empty_source", "copy_empty_source", "fill_empty_self"])
+def test_slice_writes_with_nothing_to_do_skip_the_index_check_as_cpu(case):
+    # CPU's index_add (over more than one dim), index_copy and index_fill do
+    # not check indices when self or the source is empty; a 1-d index_add and
+    # index_reduce still do (IndexError on both).
+    def run(dev):
+        i = torch.tensor([5], device=dev)
+        z = lambda *s: torch.zeros(*s, device=dev)  # noqa: E731
+        if case == "add_empty_self":
+            return z(3, 0).index_add_(1, i, torch.ones(3, 1, device=dev))
+        if case == "add_empty_source":
+            return z(0, 3).index_add_(1, i, torch.ones(0, 1, device=dev))
+        if case == "copy_empty_source":
+            return z(0, 3).index_copy_(1, i, torch.ones(0, 1, device=dev))
+        return z(0, 3).index_fill_(1, i, 1.0)
+
+    want = run("cpu")
+    got = run("tpu")
+    torch.tpu.synchronize()  # (a failed device check would raise here)
+    assert_same(got, want)
+    with pytest.raises(IndexError):
+        torch.zeros(0, device="tpu").index_add_(0, torch.tensor([5], device="tpu"), torch.ones(1, device="tpu"))
+        torch.tpu.synchronize()
+
+
+def test_gather_from_an_empty_dim_raises_as_cpu():
+    # Every index is out of range: CPU's RuntimeError at the op, not a
+    # program that fails to compile.
+    x = torch.zeros(3, 0)
+    i = torch.zeros(3, 1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="out of bounds for dimension 1 with size 0") as e:
+        torch.gather(tpu(x), 1, tpu(i))
+    assert "compile" not in str(e.value)
+    with pytest.raises(RuntimeError, match="out of bounds for dimension 1 with size 0"):
+        torch.gather(x, 1, i)

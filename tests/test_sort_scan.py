@@ -199,3 +199,13 @@ def test_topk_of_a_0d_tensor(k):
     ev, ei = torch.topk(x, k)
     assert_same(v, ev)
     assert_same(i, ei)
+
+
+def test_kthvalue_over_an_empty_dim_raises_index_error_as_cpu():
+    # CPU's shape check raises IndexError (both CPU probes fail alike, so the
+    # CPU check's IndexError is kept, cpu_check.cpp).
+    x = torch.zeros(3, 0)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        torch.kthvalue(x, 1, 1)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        torch.kthvalue(tpu(x), 1, 1)

@@ -33,7 +33,7 @@ bool enabled() {
 
 // What CPU raised, kept to raise again with the same type.
 struct CpuError {
-  enum Kind { Runtime, NotImplemented, Value, Type } kind = Runtime;
+  enum Kind { Runtime, NotImplemented, Value, Type, Index } kind = Runtime;
   std::string message;
 };
 
@@ -90,8 +90,12 @@ Outcome call(const c10::OperatorHandle& op, torch::jit::Stack stack, CpuError* e
     // CPU kernel at all, or a stub for devices to override, says nothing.
     if (msg.find("not implemented for '") == std::string::npos) return Outcome::Ignored;
     if (err) *err = CpuError{CpuError::NotImplemented, msg};
-  } catch (const c10::IndexError&) {
-    return Outcome::Ignored;  // an index value of the probe's data (the device checks the real ones)
+  } catch (const c10::IndexError& e) {
+    // Mostly an index value of the probe's data (the device checks the real
+    // ones); kept, since a failure raised only when both probes (zeros, ones)
+    // fail alike is a shape check (kthvalue over an empty dim), or an index
+    // into an empty dim that every value fails.
+    if (err) *err = CpuError{CpuError::Index, e.what_without_backtrace()};
   } catch (const c10::LinAlgError&) {
     return Outcome::Ignored;  // the probe's matrix, not the call's
   } catch (const c10::ValueError& e) {
@@ -180,6 +184,8 @@ bool small_call(c10::ArrayRef<c10::IValue> args, int64_t meta_outputs) {
       TORCH_CHECK_VALUE(false, msg);
     case CpuError::Type:
       TORCH_CHECK_TYPE(false, msg);
+    case CpuError::Index:
+      TORCH_CHECK_INDEX(false, msg);
     case CpuError::Runtime:
       break;
   }
@@ -299,6 +305,7 @@ std::optional<torch::jit::Stack> meta_failed(const c10::OperatorHandle& op, c10:
   const auto& schema = op.schema();
   if (!enabled() || skipped(schema, args, random)) return std::nullopt;
   if (!small_call(args, 0)) return std::nullopt;
+  SerialCpuOffHome serial;  // (the call below runs on CPU too)
   CpuError err;
   torch::jit::Stack stack = probe_stack(schema, args, ProbeArgs{0.0});
   Outcome first = call(op, stack, &err);

@@ -59,11 +59,12 @@ std::vector<Value> gather(LoweringContext& ctx) {
   if (out.numel() == 0) return {b.zeros(out)};
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
   int64_t size = x.rank() == 0 ? 1 : x.shape()[dim];  // a 0-d self has one entry, index 0
+  std::string range = "gather(): index out of bounds for dimension " + std::to_string(dim) + " with size " +
+                      std::to_string(size);
+  // Every index is out of range of an empty dim (XLA rejects the gather).
+  if (size == 0) ctx.fail(range);
   Value idx = b.reshape(ctx.tensor("index"), out.shape);
-  ctx.check_indices(idx, 0, size,
-                    "gather(): index out of bounds for dimension " + std::to_string(dim) + " with size " +
-                        std::to_string(size),
-                    LoweringContext::CheckError::Runtime);
+  ctx.check_indices(idx, 0, size, range, LoweringContext::CheckError::Runtime);
   if (x.rank() == 0) return {b.broadcast_to(x, out.shape)};
   return {gather_along(b, x, idx, dim)};
 }

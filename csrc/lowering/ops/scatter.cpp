@@ -178,9 +178,15 @@ struct SliceScatter {
   ScatterFn scat;
 };
 
+bool nothing_to_do(const SliceScatter& s) { return s.self.type.numel() == 0 || numel(s.update_shape) == 0; }
+
 // `error`: CPU raises RuntimeError for index_add, IndexError for the others.
+// `check_when_empty`: whether indices are checked when there is nothing to do
+// (an empty self or source); CPU's index_reduce and a 1-d index_add check
+// them, its index_copy, index_fill and index_add over more dims do not.
 SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative,
-                           LoweringContext::CheckError error = LoweringContext::CheckError::Index) {
+                           LoweringContext::CheckError error = LoweringContext::CheckError::Index,
+                           bool check_when_empty = true) {
   Builder& b = ctx.b;
   SliceScatter s;
   const Value& self = ctx.tensor("self");
@@ -193,15 +199,16 @@ SliceScatter slice_scatter(LoweringContext& ctx, bool wrap_negative,
   int64_t n = index.type.numel();
   Value idx = b.convert(b.reshape(index, {n}), DType::I64);
   int64_t size = s.self.shape()[dim];
-  ctx.check_indices(idx, wrap_negative ? -size : 0, size,
-                    "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size),
-                    error);
+  s.update_shape = s.self.shape();
+  s.update_shape[dim] = n;
+  if (check_when_empty || !nothing_to_do(s))
+    ctx.check_indices(idx, wrap_negative ? -size : 0, size,
+                      "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size),
+                      error);
   if (wrap_negative) {
     Value sz = b.splat(Scalar::from_int(size), idx.type);
     idx = b.select(b.compare(Cmp::LT, idx, b.zeros(idx.type)), b.binary("add", idx, sz), idx);
   }
-  s.update_shape = s.self.shape();
-  s.update_shape[dim] = n;
   std::vector<int64_t> window;
   for (int64_t d = 0; d < s.self.rank(); ++d)
     if (d != dim) window.push_back(d);
@@ -221,15 +228,15 @@ Value source_updates(LoweringContext& ctx, const SliceScatter& s) {
   return ctx.b.reshape(ctx.b.convert(ctx.tensor("source"), s.self.dtype()), s.update_shape);
 }
 
-bool nothing_to_do(const SliceScatter& s) { return s.self.type.numel() == 0 || numel(s.update_shape) == 0; }
 
 // index_add(self, dim, index, source, alpha).
 std::vector<Value> index_add(LoweringContext& ctx) {
   Builder& b = ctx.b;
   // (CPU raises IndexError for a 1-d self, RuntimeError otherwise.)
+  bool one_d = ctx.tensor("self").rank() <= 1;
   SliceScatter s = slice_scatter(ctx, false,
-                                 ctx.tensor("self").rank() <= 1 ? LoweringContext::CheckError::Index
-                                                                : LoweringContext::CheckError::Runtime);
+                                 one_d ? LoweringContext::CheckError::Index : LoweringContext::CheckError::Runtime,
+                                 /*check_when_empty=*/one_d);
   if (nothing_to_do(s)) return {b.reshape(s.self, ctx.out().shape)};
   DType dt = s.self.dtype();
   Value src = source_updates(ctx, s);
@@ -240,7 +247,7 @@ std::vector<Value> index_add(LoweringContext& ctx) {
 }
 
 std::vector<Value> index_copy(LoweringContext& ctx) {
-  SliceScatter s = slice_scatter(ctx, false);
+  SliceScatter s = slice_scatter(ctx, false, LoweringContext::CheckError::Index, /*check_when_empty=*/false);
   if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
   return {ctx.b.reshape(s.scat(s.self, source_updates(ctx, s), ""), ctx.out().shape)};
 }
@@ -249,7 +256,7 @@ std::vector<Value> index_copy(LoweringContext& ctx) {
 std::vector<Value> index_fill(LoweringContext& ctx) {
   // (CPU's index_fill alone of these takes int64 indices only.)
   if (ctx.tensor("index").dtype() != DType::I64) ctx.index_error("index_fill_(): Expected dtype int64 for index.");
-  SliceScatter s = slice_scatter(ctx, true);
+  SliceScatter s = slice_scatter(ctx, true, LoweringContext::CheckError::Index, /*check_when_empty=*/false);
   if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
   Value v = ctx.b.broadcast_to(ctx.operand("value", s.self.dtype()), s.update_shape);
   return {ctx.b.reshape(s.scat(s.self, v, ""), ctx.out().shape)};
