@@ -631,6 +631,31 @@ def _narrow_then_wide(a, b):
             torch.addcdiv(a.float(), a, b, value=0.5)]
 
 
+def _mask_times(a, b):
+    m = (a > 0).float()  # a converted mask, multiplied by the next op
+    return m * b, b * (a > 0).to(b.dtype), (m * b).sum()
+
+
+def test_a_converted_mask_times_nan_is_nan_inside_a_fused_program():
+    # XLA rewrites convert(pred) * y into select(pred, y, 0), which gave 0
+    # where CPU gives 0 * nan = nan (and 0 * inf = nan) once the convert and
+    # the multiply were in one program.
+    a = torch.tensor([1.0, -1.0, 2.0, -2.0, 0.0, 3.0])
+    b = torch.tensor([float("nan"), float("nan"), float("inf"), float("-inf"), 5.0, 1.0])
+    want = _mask_times(a, b)
+    at, bt = tpu(a), tpu(b)
+    m0 = metrics()
+    for _ in range(3):  # op by op, then the compiled trace twice
+        with torch_pjrt.fused(pipeline=False):
+            got = _mask_times(at, bt)
+            for g, w in zip(got, want):
+                assert torch.equal(g.cpu().isnan(), w.isnan()) and torch.equal(g.cpu().nan_to_num(), w.nan_to_num())
+    assert delta(m0, metrics(), "fused_cache_hits") >= 1
+    compiled = torch.compile(_mask_times, backend="tpu")
+    for g, w in zip(compiled(at, bt), want):
+        assert torch.equal(g.cpu().isnan(), w.isnan()) and torch.equal(g.cpu().nan_to_num(), w.nan_to_num())
+
+
 def test_bf16_results_are_rounded_inside_a_fused_program():
     a = make((64,), seed=6).bfloat16()
     b = make((64,), seed=7).bfloat16()

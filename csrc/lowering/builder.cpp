@@ -191,6 +191,14 @@ Value Builder::convert(const Value& x, DType to) {
     y = select(ok, y, splat(Scalar::from_int(min), y.type));
     return wide == to ? y : op("stablehlo.convert", {y}, TensorType{to, x.shape()});
   }
+  if (x.dtype() == DType::Bool && is_float(to)) {
+    // XLA rewrites convert(pred) * y into select(pred, y, 0), which drops y's
+    // NaN and inf where pred is false (CPU: 0 * nan is nan). A mask converted
+    // by one op and multiplied by the next meet in one program in fused eager
+    // and compiled graphs: the barrier keeps the product a product.
+    Value c = op("stablehlo.convert", {x}, TensorType{to, x.shape()});
+    return op("stablehlo.optimization_barrier", {c}, c.type);
+  }
   return op("stablehlo.convert", {x}, TensorType{to, x.shape()});
 }
 
