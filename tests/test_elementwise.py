@@ -447,3 +447,18 @@ def test_nan_to_num(dtype, kw, no_cpu_fallback):
     y = tpu(x)
     y.nan_to_num_(**kw)
     assert_same(y, torch.nan_to_num(x, **kw), rtol=0, atol=0)
+
+
+def test_in_place_clamp_by_a_wider_tensor_bound_compares_in_the_wider_type():
+    # CPU compares in the promoted type and casts the result: a uint8 self
+    # clamped by an int64 -1 stays itself (the bound is not wrapped to 255
+    # first), and one clamped by max=-1 becomes 255 after the cast.
+    def run(dev):
+        u = lambda: torch.tensor([1, 2, 3], dtype=torch.uint8, device=dev)  # noqa: E731
+        t = lambda *v: torch.tensor(v, device=dev)  # noqa: E731
+        return [u().clamp_(min=t(-1, -1, -1)), u().clamp_(max=t(300, 1, -1)), u().clamp_(min=-1),
+                torch.clamp(u(), min=t(-1, -1, -1), out=torch.empty(3, dtype=torch.uint8, device=dev)),
+                torch.tensor([1.5, 2.5], device=dev).clamp_(min=t(2.2, 2.2).double())]
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert_same(got, want)

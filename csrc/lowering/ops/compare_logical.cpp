@@ -42,12 +42,19 @@ std::vector<Value> max_min(LoweringContext& ctx, Cmp dir) {
 // clamp(self, min, max) = min(max(self, min), max); either bound may be absent
 // and each is a Scalar or a Tensor. The output dtype is already promoted.
 std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
-  DType dt = ctx.out().dtype;
   const Shape& shape = ctx.out().shape;
+  // In the operands' promoted type, then the result's: an in-place or out=
+  // clamp of a narrower type by a wider tensor bound compares in the wider
+  // type, as CPU's TensorIterator does (uint8.clamp_(min=int64 -1) keeps
+  // self; the bound is not wrapped to 255 first).
+  std::vector<PromotionOperand> ops{ctx.promotion("self")};
+  for (const char* b : {lo, hi})
+    if (b && ctx.has(b)) ops.push_back(ctx.promotion(b));
+  DType dt = result_type(ops);
   Value r = operand_as(ctx, "self", dt, shape);
   if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape));
   if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape));
-  return {r};
+  return {ctx.b.convert(r, ctx.out().dtype)};
 }
 
 std::vector<Value> where(LoweringContext& ctx) {
