@@ -558,11 +558,7 @@ bool fused_record(const std::shared_ptr<Plan>& plan, OpInstance& inst, c10::Arra
   // Recording makes no buffers, so an op whose new tensors would not fit
   // raises here, at the op, as strict eager's launch and PyTorch's
   // allocation of a structured op's outputs do (the flush would be too late).
-  int64_t fresh = 0;
-  for (const ReturnPlan& r : p.returns)
-    if (r.kind == ReturnPlan::Fresh)
-      fresh += static_cast<int64_t>(at::detail::computeStorageNbytes(r.sizes, r.strides, c10::elementSize(r.dtype)));
-  if (fresh > 0) rt().ensure_fits(device, fresh, "a new tensor");
+  if (p.fresh_bytes > 0) rt().ensure_fits(device, p.fresh_bytes, "a new tensor");
   TraceOp op = begin_op(plan, device);
   Trace& t = g_trace;
   for (size_t pi = 0; pi < p.params.size(); ++pi) {

@@ -57,6 +57,7 @@ struct Plan {
   std::vector<ParamSource> params;
   bool dynamic_floats = false;  // float arguments are in the scalar input
   std::vector<ReturnPlan> returns;
+  int64_t fresh_bytes = 0;  // what the Fresh returns take (fused eager's fit check)
   std::vector<int> return_arity;  // per schema return: -1 one value, n: a list of n
   std::vector<Write> writes;
   std::vector<Resize> resizes;

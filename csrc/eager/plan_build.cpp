@@ -439,6 +439,8 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     }
     rp.output = static_cast<int>(program_outputs.size());
     program_outputs.push_back(b.reshape(res, {m.numel()}));
+    plan->fresh_bytes += static_cast<int64_t>(
+        at::detail::computeStorageNbytes(rp.sizes, rp.strides, c10::elementSize(rp.dtype)));
     plan->returns.push_back(rp);
   };
 
