@@ -47,14 +47,7 @@ std::vector<Value> mul(LoweringContext& ctx) {
   Builder& b = ctx.b;
   DType dt = compute_dtype(ctx, "self", "other"), mt = scalar_math_dtype(ctx, dt);
   const Shape& shape = ctx.out().shape;
-  if (dt != DType::Bool && (is_float(dt) || is_complex(dt))) {
-    // A bool factor (times_bool keeps False * inf = nan).
-    for (const auto& [flag, other] : {std::pair{"self", "other"}, std::pair{"other", "self"}}) {
-      if (ctx.promotion(flag).dtype != DType::Bool || ctx.promotion(other).dtype == DType::Bool) continue;
-      Value p = b.broadcast_to(ctx.operand(flag, DType::Bool), shape);
-      return {b.convert(times_bool(b, operand_as(ctx, other, mt, shape), p), dt)};
-    }
-  }
+  // (A bool factor keeps False * inf = nan: Builder::convert's barrier.)
   Value a = operand_as(ctx, "self", mt, shape), o = operand_as(ctx, "other", mt, shape);
   return {b.convert(b.binary(dt == DType::Bool ? "and" : "multiply", a, o), dt)};
 }
@@ -67,19 +60,14 @@ void check_divisor(LoweringContext& ctx, const Value& d) {
                 LoweringContext::CheckError::Runtime);
 }
 
-// fn(self, other) for a float/complex division-like op. A bool dividend as
-// select(p, fn(1, d), fn(0, d)): XLA rewrites convert(p) / d into a select
-// that gives 0 where p is false, losing False / 0 = nan and -0.0 (as mul).
+// fn(self, other) for a division-like op. (A bool dividend keeps False / 0 =
+// nan: XLA's rewrite of convert(p) / d into a select is stopped by
+// Builder::convert's barrier.)
 template <class Fn>
 Value divide_operands(LoweringContext& ctx, DType mt, const Fn& fn) {
-  Builder& b = ctx.b;
   const Shape& shape = ctx.out().shape;
   Value d = operand_as(ctx, "other", mt, shape);
   check_divisor(ctx, d);
-  if (ctx.promotion("self").dtype == DType::Bool && (is_float(mt) || is_complex(mt))) {
-    Value p = b.broadcast_to(ctx.operand("self", DType::Bool), shape);
-    return b.select(p, fn(splat_like(b, 1, d), d), fn(splat_like(b, 0, d), d));
-  }
   return fn(operand_as(ctx, "self", mt, shape), d);
 }
 

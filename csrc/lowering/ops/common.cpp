@@ -16,10 +16,6 @@ Value splat_like(Builder& b, double v, const Value& like) {
   return b.splat(is_float(like.dtype()) || is_complex(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }
 
-Value times_bool(Builder& b, const Value& x, const Value& p) {
-  return b.select(p, x, b.binary("multiply", x, splat_like(b, 0, x)));
-}
-
 DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
 
 std::vector<Value> float_unary(LoweringContext& ctx,

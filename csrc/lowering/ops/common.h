@@ -17,11 +17,6 @@ Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, con
 // Scalar constant broadcast to the type of `like`.
 Value splat_like(Builder& b, double v, const Value& like);
 
-// x times a bool tensor `p` (broadcast to x's shape) as select(p, x, x * 0):
-// XLA rewrites convert(p) * x into select(p, x, 0), which loses
-// False * inf = nan and -0.0 (mul, addcmul).
-Value times_bool(Builder& b, const Value& x, const Value& p);
-
 // Half types are computed in float32 and rounded once, as PyTorch's CPU kernels do.
 DType math_dtype(DType out);
 // `fn` applied to ctx.tensor("self") in the output's math dtype, rounded to the output dtype.

@@ -18,13 +18,9 @@ std::vector<Value> addc(LoweringContext& ctx, const char* hlo) {
   Value v = operand_as(ctx, "value", dt, shape);
   if (dt == DType::Bool)  // addcmul on bool: or / and, as PyTorch's bool arithmetic
     return {b.binary("or", self, b.binary("and", b.binary("and", v, t1), t2))};
-  // A bool factor as mul takes it (times_bool keeps nan * False = nan).
-  auto times = [&](const Value& x, const char* name, const Value& y) {
-    if (ctx.promotion(name).dtype != DType::Bool) return b.binary("multiply", x, y);
-    return times_bool(b, x, b.broadcast_to(ctx.operand(name, DType::Bool), shape));
-  };
-  Value m = times(v, "tensor1", t1);
-  Value r = b.binary("add", self, std::string(hlo) == "multiply" ? times(m, "tensor2", t2) : b.binary(hlo, m, t2));
+  // (A bool factor keeps nan * False = nan: Builder::convert's barrier.)
+  Value m = b.binary("multiply", v, t1);
+  Value r = b.binary("add", self, b.binary(hlo, m, t2));
   return {b.convert(r, out)};
 }
 
