@@ -261,3 +261,30 @@ def test_a_read_of_a_failed_computation_raises_not_garbage():
     with pytest.raises(IndexError):
         y.cpu()
     torch.testing.assert_close((x + 1).cpu(), make((4,)) + 1)
+
+
+def test_small_uploads_are_private_copies_not_views_of_host_memory():
+    # A small host-to-device copy returns before the transfer is done (the
+    # plugin reads a private copy of the bytes, freed when it is done): the
+    # host tensor changed or freed at once must not change what the device
+    # holds, for every size up to and past that limit (64 KiB) and each dtype.
+    kept = []
+    for n in (1, 7, 1024, 16384, 16385, 70000):
+        for dtype in (torch.float32, torch.int64, torch.uint8, torch.bool):
+            x = make((n,), dtype=dtype)
+            ref = x.clone()
+            t = x.to("tpu")
+            x.zero_() if dtype != torch.bool else x.logical_not_()
+            del x
+            kept.append((t, ref))
+    for t, ref in kept:
+        assert torch.equal(t.cpu(), ref)
+    # Many in flight at once, read in reverse order after device work on them.
+    hosts = [torch.full((3,), float(i)) for i in range(300)]
+    devs = [h.to("tpu") for h in hosts]
+    for h in hosts:
+        h.fill_(-1.0)
+    del hosts
+    sums = [d.sum() for d in devs]
+    for i in reversed(range(300)):
+        assert sums[i].item() == 3.0 * i
