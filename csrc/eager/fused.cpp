@@ -403,12 +403,26 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
                           donated, kept);
   }
   std::vector<runtime::BufferPtr> params(t.externals.begin(), t.externals.end());
-  if (t.fpack_buffer || !t.fpack.empty())
-    params.push_back(t.fpack_buffer ? t.fpack_buffer
-                                    : scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device));
-  if (t.ipack_buffer || !t.ipack.empty())
-    params.push_back(t.ipack_buffer ? t.ipack_buffer
-                                    : s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
+  if (t.fpack_buffer) {
+    params.push_back(t.fpack_buffer);
+  } else if (!t.fpack.empty()) {
+    if (!e.last_fpack_buffer || e.last_fpack != t.fpack) {
+      e.last_fpack_buffer = scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
+      e.last_fpack = t.fpack;
+    }
+    params.push_back(e.last_fpack_buffer);
+  }
+  if (t.ipack_buffer) {
+    params.push_back(t.ipack_buffer);
+  } else if (!t.ipack.empty()) {
+    if (!e.last_ipack_buffer || e.last_ipack != t.ipack) {
+      e.last_ipack_buffer = s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
+      // (Random keys differ at every run: not kept.)
+      if (t.rng_at.empty()) e.last_ipack = t.ipack;
+      else e.last_ipack.clear();
+    }
+    params.push_back(e.last_ipack_buffer);
+  }
   if (t.checks) params.push_back(rt().check_word(t.device));
   for (int64_t x : donated) g_stats.donated_bytes += t.externals[x]->bytes();
   std::vector<runtime::BufferPtr> outs = on_launch_thread

@@ -82,6 +82,12 @@ struct Entry {
   // sighting, and the host time its op-by-op runs have taken.
   int64_t last_flush = -1;
   double op_by_op_seconds = 0;
+  // The packs last uploaded for this program (run_fused): a trace recorded
+  // again with the same runtime scalars and offsets (a decode step's) reuses
+  // them instead of a host-to-device copy per flush. Never donated.
+  mutable std::vector<double> last_fpack;
+  mutable std::vector<int64_t> last_ipack;
+  mutable runtime::BufferPtr last_fpack_buffer, last_ipack_buffer;
 };
 
 // Runs `t` as the entry's fused program; the first n_outputs results are the
