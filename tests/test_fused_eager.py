@@ -698,3 +698,24 @@ def test_a_repeated_trace_reuses_its_uploaded_offsets_and_scalars_only_while_the
         m1 = torch_pjrt.metrics()
     assert delta(m0, m1, "fused_cache_hits") >= 19
     assert delta(m0, m1, "host_to_device_bytes") == 0
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two devices")
+def test_reused_packs_follow_the_device_a_trace_runs_on():
+    # One fused program serves the same trace on every device: its kept packs
+    # (on the device of the run that uploaded them) must not be handed to a
+    # run on another device, which uploads its own. (The CPU plugin's devices
+    # share host memory and accept each other's buffers; a GPU plugin's do not.)
+    base_c = make((64,), seed=4)
+    on = {dev: base_c.to(dev) for dev in ("tpu:0", "tpu:1")}
+
+    def step(b, i):
+        return (b[i:i + 8] * 0.5 + b[i + 1:i + 9]).sum()
+
+    with torch_pjrt.fused():
+        for rep in range(3):
+            for dev in ("tpu:0", "tpu:1", "tpu:0"):
+                for i in (0, 8, 8):
+                    got = step(on[dev], i)
+                    assert got.device == torch.device(dev)
+                    assert got.item() == pytest.approx(step(base_c, i).item(), rel=1e-6), (rep, dev, i)

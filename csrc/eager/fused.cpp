@@ -406,7 +406,7 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
   if (t.fpack_buffer) {
     params.push_back(t.fpack_buffer);
   } else if (!t.fpack.empty()) {
-    if (!e.last_fpack_buffer || e.last_fpack != t.fpack) {
+    if (!e.last_fpack_buffer || e.last_fpack_buffer->device_index() != t.device || e.last_fpack != t.fpack) {
       e.last_fpack_buffer = scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
       e.last_fpack = t.fpack;
     }
@@ -415,7 +415,8 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
   if (t.ipack_buffer) {
     params.push_back(t.ipack_buffer);
   } else if (!t.ipack.empty()) {
-    if (!e.last_ipack_buffer || e.last_ipack != t.ipack) {
+    // (A program's entry is shared by its runs on every device.)
+    if (!e.last_ipack_buffer || e.last_ipack_buffer->device_index() != t.device || e.last_ipack != t.ipack) {
       e.last_ipack_buffer = s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
       // (Random keys differ at every run: not kept.)
       if (t.rng_at.empty()) e.last_ipack = t.ipack;
