@@ -696,6 +696,11 @@ def test_a_repeated_trace_reuses_its_uploaded_offsets_and_scalars_only_while_the
         for _ in range(20):
             assert step(base, 16, 0.5).item() == pytest.approx(step(base_c, 16, 0.5).item(), rel=1e-6)
         m1 = torch_pjrt.metrics()
+        # Scalars equal under == but not bitwise: -0.0 after 0.0 is a new pack.
+        ones = tpu(torch.ones(4))
+        for s in (0.0, 0.0, -0.0, 0.0, -0.0, -0.0):
+            got = (1.0 / (ones * s)).sum().item()
+            assert got == (1.0 / (torch.ones(4) * s)).sum().item(), s
     assert delta(m0, m1, "fused_cache_hits") >= 19
     assert delta(m0, m1, "host_to_device_bytes") == 0
 

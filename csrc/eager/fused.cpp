@@ -388,6 +388,14 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
 
 }  // namespace
 
+namespace {
+// Bitwise, not ==: -0.0 and 0.0 are different scalars, a NaN the same.
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+}  // namespace
+
 // Each aliased input is donated when the trace holds its only reference
 // besides queued or running executions' (no tensor or other storage still
 // reads that buffer; PJRT orders the donation after the earlier executions'
@@ -406,7 +414,7 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
   if (t.fpack_buffer) {
     params.push_back(t.fpack_buffer);
   } else if (!t.fpack.empty()) {
-    if (!e.last_fpack_buffer || e.last_fpack_buffer->device_index() != t.device || e.last_fpack != t.fpack) {
+    if (!e.last_fpack_buffer || e.last_fpack_buffer->device_index() != t.device || !same_bits(e.last_fpack, t.fpack)) {
       e.last_fpack_buffer = scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
       e.last_fpack = t.fpack;
     }
@@ -416,7 +424,7 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
     params.push_back(t.ipack_buffer);
   } else if (!t.ipack.empty()) {
     // (A program's entry is shared by its runs on every device.)
-    if (!e.last_ipack_buffer || e.last_ipack_buffer->device_index() != t.device || e.last_ipack != t.ipack) {
+    if (!e.last_ipack_buffer || e.last_ipack_buffer->device_index() != t.device || !same_bits(e.last_ipack, t.ipack)) {
       e.last_ipack_buffer = s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
       // (Random keys differ at every run: not kept.)
       if (t.rng_at.empty()) e.last_ipack = t.ipack;
