@@ -389,6 +389,19 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
 }  // namespace
 
 namespace {
+// A pack kept with its program (Entry): an internal constant, so not counted
+// as the program's user's device memory (as the constant table's are not).
+runtime::BufferPtr kept_pack(const double* v, int64_t n, int device) {
+  if (scalar_pack_dtype() == DType::F32) {
+    std::vector<float> narrow(v, v + n);
+    return rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device, /*tracked=*/false);
+  }
+  return rt().buffer_from_host(v, PJRT_Buffer_Type_F64, {n}, device, /*tracked=*/false);
+}
+runtime::BufferPtr kept_pack(const int64_t* v, int64_t n, int device) {
+  return rt().buffer_from_host(v, PJRT_Buffer_Type_S64, {n}, device, /*tracked=*/false);
+}
+
 // Bitwise, not ==: -0.0 and 0.0 are different scalars, a NaN the same.
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
@@ -415,20 +428,21 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
     params.push_back(t.fpack_buffer);
   } else if (!t.fpack.empty()) {
     if (!e.last_fpack_buffer || e.last_fpack_buffer->device_index() != t.device || !same_bits(e.last_fpack, t.fpack)) {
-      e.last_fpack_buffer = scalar_pack_buffer(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
+      e.last_fpack_buffer = kept_pack(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
       e.last_fpack = t.fpack;
     }
     params.push_back(e.last_fpack_buffer);
   }
   if (t.ipack_buffer) {
     params.push_back(t.ipack_buffer);
+  } else if (!t.rng_at.empty()) {
+    // (Random keys differ at every run: not kept.)
+    params.push_back(s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   } else if (!t.ipack.empty()) {
     // (A program's entry is shared by its runs on every device.)
     if (!e.last_ipack_buffer || e.last_ipack_buffer->device_index() != t.device || !same_bits(e.last_ipack, t.ipack)) {
-      e.last_ipack_buffer = s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
-      // (Random keys differ at every run: not kept.)
-      if (t.rng_at.empty()) e.last_ipack = t.ipack;
-      else e.last_ipack.clear();
+      e.last_ipack_buffer = kept_pack(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
+      e.last_ipack = t.ipack;
     }
     params.push_back(e.last_ipack_buffer);
   }
