@@ -264,10 +264,10 @@ def test_a_read_of_a_failed_computation_raises_not_garbage():
 
 
 def test_small_uploads_are_private_copies_not_views_of_host_memory():
-    # A small host-to-device copy returns before the transfer is done (the
-    # plugin reads a private copy of the bytes, freed when it is done): the
-    # host tensor changed or freed at once must not change what the device
-    # holds, for every size up to and past that limit (64 KiB) and each dtype.
+    # The host tensor changed or freed right after a host-to-device copy must
+    # not change what the device holds, at every size (small copies were once
+    # left to finish in the background from a private copy of the bytes) and
+    # each dtype.
     kept = []
     for n in (1, 7, 1024, 16384, 16385, 70000):
         for dtype in (torch.float32, torch.int64, torch.uint8, torch.bool):

@@ -382,8 +382,6 @@ class Runtime {
     QueueHold held;  // arguments and outputs of the execution
   };
   void await_and_destroy(PJRT_Event* event, const char* what);
-  // Frees `memory` (malloc'd) once `event` is ready, without waiting here.
-  void free_when_ready(PJRT_Event* event, void* memory);
   void spin_until_ready(PJRT_Event* event);
   // Copies a flat buffer that lives in host memory (the CPU plugin's) once
   // it is ready; false (nothing read) for any other buffer.
