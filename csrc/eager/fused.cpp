@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <set>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -389,23 +390,28 @@ std::string fused_text(const Trace& t, const std::vector<int32_t>& outputs,
 }  // namespace
 
 namespace {
-// A pack kept with its program (Entry): an internal constant, so not counted
-// as the program's user's device memory (as the constant table's are not).
-runtime::BufferPtr kept_pack(const double* v, int64_t n, int device) {
-  if (scalar_pack_dtype() == DType::F32) {
-    std::vector<float> narrow(v, v + n);
-    return rt().buffer_from_host(narrow.data(), PJRT_Buffer_Type_F32, {n}, device, /*tracked=*/false);
-  }
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_F64, {n}, device, /*tracked=*/false);
-}
-runtime::BufferPtr kept_pack(const int64_t* v, int64_t n, int device) {
-  return rt().buffer_from_host(v, PJRT_Buffer_Type_S64, {n}, device, /*tracked=*/false);
-}
-
 // Bitwise, not ==: -0.0 and 0.0 are different scalars, a NaN the same.
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// The pack a cached program last uploaded (`last`, `buf`: its Entry's), while
+// this flush's is bitwise the same and on the same device (an entry is shared
+// by its runs on every device); else this one, kept in its place. Kept packs
+// are internal constants, not the program's user's memory.
+template <typename T>
+const runtime::BufferPtr& kept_pack(std::vector<T>& last, runtime::BufferPtr& buf, const std::vector<T>& now,
+                                    int device) {
+  if (!buf || buf->device_index() != device || !same_bits(last, now)) {
+    auto n = static_cast<int64_t>(now.size());
+    if constexpr (std::is_same_v<T, double>)
+      buf = scalar_pack_buffer(now.data(), n, device, /*internal=*/true);
+    else
+      buf = s64_buffer(now.data(), n, device, /*internal=*/true);
+    last = now;
+  }
+  return buf;
 }
 }  // namespace
 
@@ -427,11 +433,7 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
   if (t.fpack_buffer) {
     params.push_back(t.fpack_buffer);
   } else if (!t.fpack.empty()) {
-    if (!e.last_fpack_buffer || e.last_fpack_buffer->device_index() != t.device || !same_bits(e.last_fpack, t.fpack)) {
-      e.last_fpack_buffer = kept_pack(t.fpack.data(), static_cast<int64_t>(t.fpack.size()), t.device);
-      e.last_fpack = t.fpack;
-    }
-    params.push_back(e.last_fpack_buffer);
+    params.push_back(kept_pack(e.last_fpack, e.last_fpack_buffer, t.fpack, t.device));
   }
   if (t.ipack_buffer) {
     params.push_back(t.ipack_buffer);
@@ -439,12 +441,7 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
     // (Random keys differ at every run: not kept.)
     params.push_back(s64_buffer(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device));
   } else if (!t.ipack.empty()) {
-    // (A program's entry is shared by its runs on every device.)
-    if (!e.last_ipack_buffer || e.last_ipack_buffer->device_index() != t.device || !same_bits(e.last_ipack, t.ipack)) {
-      e.last_ipack_buffer = kept_pack(t.ipack.data(), static_cast<int64_t>(t.ipack.size()), t.device);
-      e.last_ipack = t.ipack;
-    }
-    params.push_back(e.last_ipack_buffer);
+    params.push_back(kept_pack(e.last_ipack, e.last_ipack_buffer, t.ipack, t.device));
   }
   if (t.checks) params.push_back(rt().check_word(t.device));
   for (int64_t x : donated) g_stats.donated_bytes += t.externals[x]->bytes();

@@ -85,9 +85,10 @@ c10::SmallVector<double, 8> scalar_values(const Plan& plan, const OpInstance& in
 c10::SmallVector<int64_t, 8> offset_values(const OpInstance& inst);
 std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int device);
 // Device vectors of runtime scalars (scalar_pack_dtype) and of s64 values
-// (offsets, random keys): what strict and fused launches pass.
-runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device);
-runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device);
+// (offsets, random keys): what strict and fused launches pass. `internal`:
+// the caller caches the buffer (runtime::constant_buffer).
+runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device, bool internal = false);
+runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device, bool internal = false);
 // The result of one schema return from the plan; `fresh` makes Fresh ones.
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
                         const std::function<c10::IValue(const ReturnPlan&)>& fresh);

@@ -42,16 +42,16 @@ std::pair<int64_t, int64_t> rng_values(c10::ArrayRef<c10::IValue> args, int devi
 
 // Small packs come from the table of constant buffers (most repeat: alpha,
 // a learning rate, offset 0), so a call makes no host-to-device copy.
-runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device) {
+runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device, bool internal) {
   if (scalar_pack_dtype() == DType::F32) {
     c10::SmallVector<float, 8> narrow(v, v + n);
-    return runtime::constant_buffer(narrow.data(), PJRT_Buffer_Type_F32, {n}, device);
+    return runtime::constant_buffer(narrow.data(), PJRT_Buffer_Type_F32, {n}, device, internal);
   }
-  return runtime::constant_buffer(v, PJRT_Buffer_Type_F64, {n}, device);
+  return runtime::constant_buffer(v, PJRT_Buffer_Type_F64, {n}, device, internal);
 }
 
-runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device) {
-  return runtime::constant_buffer(v, PJRT_Buffer_Type_S64, {n}, device);
+runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device, bool internal) {
+  return runtime::constant_buffer(v, PJRT_Buffer_Type_S64, {n}, device, internal);
 }
 
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,

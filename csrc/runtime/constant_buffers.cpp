@@ -26,11 +26,13 @@ Table& table() {
 
 }  // namespace
 
-BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims, int device) {
+BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims, int device,
+                          bool internal) {
   Runtime& rt = Runtime::get();
   size_t bytes = element_size(type);
   for (int64_t d : dims) bytes *= static_cast<size_t>(d);
-  if (bytes > kConstantBufferMaxBytes || in_forked_child()) return rt.buffer_from_host(data, type, dims, device);
+  if (bytes > kConstantBufferMaxBytes || in_forked_child())
+    return rt.buffer_from_host(data, type, dims, device, /*tracked=*/!internal);
   thread_local std::string key;  // reused: a lookup that hits allocates nothing
   key.clear();
   key.push_back(static_cast<char>(device));

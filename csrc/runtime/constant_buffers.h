@@ -19,7 +19,11 @@ constexpr size_t kConstantBufferMaxBytes = 64;
 // caller asking for the same bytes on the same device. Callers must never
 // donate or overwrite it. Not counted in the device's memory figures (at most
 // a few hundred entries of <= 64 bytes; the table is cleared when full).
-BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims, int device);
+// A larger one is made for this call and counted as the caller's memory,
+// unless `internal` (the caller keeps it in a cache of its own, as a fused
+// program keeps the packs it last uploaded).
+BufferPtr constant_buffer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims, int device,
+                          bool internal = false);
 
 // Entries kept now (tests).
 size_t constant_buffer_count();
