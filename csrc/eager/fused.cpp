@@ -52,6 +52,7 @@ namespace {
 runtime::Runtime& rt() { return runtime::Runtime::get(); }
 
 Trace g_trace;  // under the device lock
+Trace g_spare;  // the last flushed trace, reset: g_trace's next (its capacity reused)
 std::unordered_map<uint64_t, std::vector<std::shared_ptr<Entry>>> g_entries;
 int64_t g_entry_count = 0;
 FusedStats g_stats;
@@ -685,7 +686,15 @@ void fused_flush(const char* reason) {
   device::DeviceLock lock;
   if (g_trace.ops.empty()) return;
   Trace t = std::move(g_trace);
-  g_trace = Trace{};
+  g_trace = std::move(g_spare);
+  // (Declared after t, so it runs first, still under the lock.)
+  struct Recycle {
+    Trace& t;
+    ~Recycle() {
+      t.reset();
+      g_spare = std::move(t);
+    }
+  } recycle{t};
   const char* why = reason ? reason : FlushReason::current();
   g_stats.flushes++;
   g_stats.flushes_by_reason[why]++;
@@ -710,15 +719,15 @@ void fused_flush(const char* reason) {
   // same type: the fused program aliases them (donation, in run_fused).
   std::vector<std::pair<int32_t, int32_t>> aliases;
   if (!t.overwritten.empty()) {
-    std::unordered_map<int32_t, int32_t> output_of_slot;
+    std::vector<int32_t> output_of_slot(t.written.size(), -1);
     for (size_t i = 0; i < live.size(); ++i) output_of_slot[live[i].second->pending_slot] = static_cast<int32_t>(i);
     std::vector<char> input_used(t.externals.size(), 0), output_used(live.size(), 0);
     for (const auto& [x, slot] : t.overwritten) {
-      auto it = output_of_slot.find(slot);
-      if (it == output_of_slot.end() || input_used[x] || output_used[it->second]) continue;
+      int32_t out = output_of_slot[slot];
+      if (out < 0 || input_used[x] || output_used[out]) continue;
       if (*t.external_types[x] != *t.written_types[slot]) continue;
-      input_used[x] = output_used[it->second] = 1;
-      aliases.emplace_back(x, it->second);
+      input_used[x] = output_used[out] = 1;
+      aliases.emplace_back(x, out);
     }
     t.mix(-2);
     for (const auto& [x, out] : aliases) {

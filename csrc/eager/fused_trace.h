@@ -69,6 +69,36 @@ struct Trace {
   std::vector<WeakStorage> external_storage, written_storage;
   std::vector<uint64_t> external_serial;
   bool explicit_generator = false;
+
+  // Empties the trace for the next one; the vectors keep their capacity, so
+  // a trace like the last (a training or decode step's) records without
+  // growing them op by op. (A member added above is reset here too.)
+  void reset() {
+    device = -1;
+    ops.clear();
+    codes.clear();
+    externals.clear();
+    external_types.clear();
+    external_index.clear();
+    fpack.clear();
+    ipack.clear();
+    rng_at.clear();
+    fpack_buffer.reset();
+    ipack_buffer.reset();
+    next_value = 0;
+    checks = false;
+    written.clear();
+    written_types.clear();
+    overwritten.clear();
+    structure.clear();
+    hash = Trace{}.hash;
+    op_hash.clear();
+    after_cut = false;
+    external_storage.clear();
+    written_storage.clear();
+    external_serial.clear();
+    explicit_generator = false;
+  }
 };
 
 struct Entry {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/FunctionRef.h>
 
 #include <functional>
 #include <memory>
@@ -91,10 +92,10 @@ runtime::BufferPtr scalar_pack_buffer(const double* v, int64_t n, int device, bo
 runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device, bool internal = false);
 // The result of one schema return from the plan; `fresh` makes Fresh ones.
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
-                        const std::function<c10::IValue(const ReturnPlan&)>& fresh);
+                        c10::function_ref<c10::IValue(const ReturnPlan&)> fresh);
 // Pushes the op's returns (per return_arity) onto the stack.
 void push_returns(const Plan& plan, const OpInstance& inst, torch::jit::Stack* stack,
-                  const std::function<c10::IValue(const ReturnPlan&)>& make);
+                  c10::function_ref<c10::IValue(const ReturnPlan&)> make);
 // Launches the plan's program and replaces the op's arguments by its results.
 void run_plan(const Plan& plan, const c10::FunctionSchema& schema, OpInstance& inst,
               c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack, size_t nargs);

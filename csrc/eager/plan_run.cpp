@@ -55,7 +55,7 @@ runtime::BufferPtr s64_buffer(const int64_t* v, int64_t n, int device, bool inte
 }
 
 c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
-                        const std::function<c10::IValue(const ReturnPlan&)>& fresh) {
+                        c10::function_ref<c10::IValue(const ReturnPlan&)> fresh) {
   switch (rp.kind) {
     case ReturnPlan::Undefined:
       return at::Tensor();
@@ -71,7 +71,7 @@ c10::IValue make_return(const ReturnPlan& rp, const OpInstance& inst,
 }
 
 void push_returns(const Plan& plan, const OpInstance& inst, torch::jit::Stack* stack,
-                  const std::function<c10::IValue(const ReturnPlan&)>& make) {
+                  c10::function_ref<c10::IValue(const ReturnPlan&)> make) {
   size_t next = 0;
   for (int arity : plan.return_arity) {
     if (arity < 0) {
