@@ -4,10 +4,10 @@
 #pragma once
 
 #include <c10/core/Storage.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,7 +35,8 @@ struct Trace {
   std::vector<int32_t> codes;  // >= 0: a value id; < 0: ~(external index)
   std::vector<runtime::BufferPtr> externals;
   std::vector<const lowering::TensorType*> external_types;  // as the first op read it (plan-owned)
-  std::unordered_map<const runtime::Buffer*, int32_t> external_index;
+  // (Open addressing: no allocation per external, and reset keeps its table.)
+  ska::flat_hash_map<const runtime::Buffer*, int32_t> external_index;
   std::vector<double> fpack;   // runtime scalars of every op, in order
   std::vector<int64_t> ipack;  // storage offsets and random keys, in order
   std::vector<int32_t> rng_at;  // where in ipack each random key (2 values) is
