@@ -552,6 +552,45 @@ def test_pipelined_cut_values_and_a_bad_index_after_the_cut_raises_at_the_next_r
             state.sum().item()
 
 
+def _cut_step_indexing_first(base, state, idx):
+    """_cut_step with the indexing before the cut: v reads through idx."""
+    x = base.clone().index_select(0, idx)
+    for _ in range(10):
+        x = x * 1.01 + 0.1
+    v = x.sum()
+    y = state * 1.0
+    for _ in range(10):
+        y = y * 0.5 + 1.0
+    state.copy_(y)
+    return v.item()
+
+
+def test_a_bad_index_before_the_cut_raises_at_its_read_once_and_the_rest_still_runs():
+    # The read raises for the first part's bad index, once; the rest (not
+    # launched by the failed read) still runs, and updates state as on CPU
+    # (its values do not depend on the index), as strict eager's ops after a
+    # bad index do.
+    torch.manual_seed(3)
+    base_c, state_c = torch.randn(8), torch.randn(8)
+    good = torch.arange(8).flip(0)
+    base, state, idx = tpu(base_c), tpu(state_c), tpu(good)
+    m0 = torch_pjrt.metrics()
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(5):
+            got = _cut_step_indexing_first(base, state, idx)
+            assert got == pytest.approx(_cut_step_indexing_first(base_c, state_c, good), rel=1e-6)
+        assert delta(m0, torch_pjrt.metrics(), "fused_pipeline_cuts_learned") >= 1
+        bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
+        with pytest.raises(IndexError, match="index_select"):
+            _cut_step_indexing_first(base, state, bad)
+        _cut_step_indexing_first(base_c, state_c, good)  # the rest's update, on CPU
+        assert_same(state, state_c)  # a clean read: the failure was reported once
+        for _ in range(3):
+            got = _cut_step_indexing_first(base, state, idx)
+            assert got == pytest.approx(_cut_step_indexing_first(base_c, state_c, good), rel=1e-6)
+        assert_same(state, state_c)
+
+
 def _end_read_step(base, idx_a, idx_b):
     """23 ops whose last one computes the value read: index_select with
     idx_a is op 2 (in the first part once split), with idx_b op 22 (in the
