@@ -53,7 +53,8 @@ struct Trace {
   // The structure (what the fused program depends on), built as ops are
   // recorded: plan serials and input codes, then the values that leave.
   std::vector<int64_t> structure;
-  uint64_t hash = 1469598103934665603ull;
+  static constexpr uint64_t kHashSeed = 1469598103934665603ull;  // FNV-1a's offset basis
+  uint64_t hash = kHashSeed;
   // The hash before each op (where a learned pipeline cut may fall), and
   // whether this trace began at such a cut (flushed at the next host read,
   // never learned from).
@@ -92,7 +93,7 @@ struct Trace {
     written_types.clear();
     overwritten.clear();
     structure.clear();
-    hash = Trace{}.hash;
+    hash = kHashSeed;
     op_hash.clear();
     after_cut = false;
     external_storage.clear();
