@@ -513,17 +513,20 @@ def test_pipeline_off_keeps_one_trace_per_step():
         torch_pjrt.fused(pipeline="no")
 
 
-def _cut_step(base, state, idx):
-    """Reads v (computed by the first ~21 ops); ~22 ops after it write `state`,
-    one of them indexing with `idx`."""
+def _cut_step(base, state, idx, index_before_cut=False):
+    """Reads v (computed by the first ~21 ops); ~22 ops after it write `state`.
+    One op indexes with `idx`: after the cut, or (`index_before_cut`) before
+    it, where v reads through it."""
     x = base.clone()
+    if index_before_cut:
+        x = x.index_select(0, idx)
     for _ in range(10):
         x = x * 1.01 + 0.1
     v = x.sum()
     y = state * 1.0
     for _ in range(10):
         y = y * 0.5 + 1.0
-    state.copy_(y.index_select(0, idx))
+    state.copy_(y if index_before_cut else y.index_select(0, idx))
     return v.item()
 
 
@@ -552,19 +555,6 @@ def test_pipelined_cut_values_and_a_bad_index_after_the_cut_raises_at_the_next_r
             state.sum().item()
 
 
-def _cut_step_indexing_first(base, state, idx):
-    """_cut_step with the indexing before the cut: v reads through idx."""
-    x = base.clone().index_select(0, idx)
-    for _ in range(10):
-        x = x * 1.01 + 0.1
-    v = x.sum()
-    y = state * 1.0
-    for _ in range(10):
-        y = y * 0.5 + 1.0
-    state.copy_(y)
-    return v.item()
-
-
 def test_a_bad_index_before_the_cut_raises_at_its_read_once_and_the_rest_still_runs():
     # The read raises for the first part's bad index, once; the rest (not
     # launched by the failed read) still runs, and updates state as on CPU
@@ -577,17 +567,17 @@ def test_a_bad_index_before_the_cut_raises_at_its_read_once_and_the_rest_still_r
     m0 = torch_pjrt.metrics()
     with torch_pjrt.fused(pipeline=True):
         for _ in range(5):
-            got = _cut_step_indexing_first(base, state, idx)
-            assert got == pytest.approx(_cut_step_indexing_first(base_c, state_c, good), rel=1e-6)
+            got = _cut_step(base, state, idx, index_before_cut=True)
+            assert got == pytest.approx(_cut_step(base_c, state_c, good, index_before_cut=True), rel=1e-6)
         assert delta(m0, torch_pjrt.metrics(), "fused_pipeline_cuts_learned") >= 1
         bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
         with pytest.raises(IndexError, match="index_select"):
-            _cut_step_indexing_first(base, state, bad)
-        _cut_step_indexing_first(base_c, state_c, good)  # the rest's update, on CPU
+            _cut_step(base, state, bad, index_before_cut=True)
+        _cut_step(base_c, state_c, good, index_before_cut=True)  # the rest's update, on CPU
         assert_same(state, state_c)  # a clean read: the failure was reported once
         for _ in range(3):
-            got = _cut_step_indexing_first(base, state, idx)
-            assert got == pytest.approx(_cut_step_indexing_first(base_c, state_c, good), rel=1e-6)
+            got = _cut_step(base, state, idx, index_before_cut=True)
+            assert got == pytest.approx(_cut_step(base_c, state_c, good, index_before_cut=True), rel=1e-6)
         assert_same(state, state_c)
 
 
