@@ -175,6 +175,7 @@ VALUES = {
     # shape-deciding: arange's length changes (10 -> 7, 6, 4)
     "start": (0.5, 3.5), "end": (10.0, 6.0), "step": (1.0, 2.5),
     "mean": (0.5, -1.25), "std": (1.0, 3.0), "from": (-1.0, 0.5), "to": (1.0, 4.0),
+    "lambd": (0.5, 1.25),  # (softshrink rejects a negative one)
     "histc.min": (-1.0, -0.25), "histc.max": (1.0, 0.5),  # (min < max: both valid)
     "bernoulli.p": (0.25, 0.75), "native_dropout.p": (0.25, 0.75), "pow.self": (0.5, 2.5),
 }
@@ -425,6 +426,9 @@ def hand_calls():
         Call("pow.Scalar", dict(self=0.5, exponent=x)),
         Call("xlogy.Scalar_Other", dict(self=x, other=0.5)),
         Call("xlogy.Scalar_Self", dict(self=0.5, other=_pos((3, 4)))),
+        Call("special_xlog1py.other_scalar", dict(self=x, other=0.5)),
+        Call("special_xlog1py.self_scalar", dict(self=0.5, other=_pos((3, 4)))),
+        Call("copysign.Scalar", dict(self=x, other=0.5)),
         *[Call(f"{op}.Scalar", dict(self=x, other=0.5)) for op in ("eq", "ne", "lt", "le", "gt", "ge")],
         Call("clamp", dict(self=x, min=-0.5, max=1.0)),
         Call("clamp_min", dict(self=x, min=0.5)),
@@ -447,6 +451,7 @@ def hand_calls():
         Call("elu", dict(self=x, alpha=1.0, scale=1.0, input_scale=1.0)),
         Call("elu_backward", dict(grad_output=g, alpha=1.0, scale=1.0, input_scale=1.0, is_result=False,
                                   self_or_result=x)),
+        Call("softshrink", dict(self=x, lambd=0.5)),
         Call("softplus", dict(self=x, beta=1.0, threshold=0.5)),
         Call("softplus_backward", dict(grad_output=g, self=x, beta=1.0, threshold=0.5)),
         Call("logit", dict(self=x01, eps=0.1)),

@@ -256,6 +256,9 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
 struct OpStatic {
   std::string base, lookup_overload, display;
   bool foreach = false;
+  // nansum(x, dim=[]) reduces every dim on CPU, but PyTorch's Meta function
+  // (which gives the lowering its result shape) reduces none: CPU computes it.
+  bool empty_dims_mean_all = false;
   const lowering::LoweringInfo* info = nullptr;
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
 };
@@ -280,6 +283,7 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   }
   st->display = op_display_name(schema);
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
+  st->empty_dims_mean_all = st->base == "nansum";
   slot = std::move(st);
   return *slot;
 }
@@ -314,6 +318,9 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   runtime::OpLabel label(display);
   const lowering::LoweringInfo* info = st.info;
   if (info && !lowering_handles_dtypes(base, args, schema)) info = nullptr;
+  if (info && st.empty_dims_mean_all && nargs > 1 && args[0].isTensor() && args[0].toTensor().dim() > 0 &&
+      args[1].isIntList() && args[1].toIntList().empty())
+    info = nullptr;
   if (info) {
     // Lazy conj/neg bits reach here only on ops the Conjugate/Negative
     // fallbacks pass through (clone, which resolve_conj uses, _to_copy, ...):

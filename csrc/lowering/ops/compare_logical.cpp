@@ -25,11 +25,19 @@ std::vector<Value> bitwise(LoweringContext& ctx, const char* hlo) {
   return {ctx.b.binary(hlo, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
 }
 
-// NaN-propagating maximum/minimum (PyTorch's), for any dtype.
-Value pick(Builder& b, Cmp dir, const Value& a, const Value& o) {
+// NaN-propagating maximum/minimum (PyTorch's), for any dtype. On ties (-0.0
+// against 0.0) CPU's vectorized maximum/minimum give `o`, clamp keeps `a`
+// (clamp(-0.0, min=0.0) is -0.0): `keep_a_on_tie`.
+Value pick(Builder& b, Cmp dir, const Value& a, const Value& o, bool keep_a_on_tie = false) {
   if (a.dtype() == DType::Bool) return b.binary(dir == Cmp::GT ? "or" : "and", a, o);
+  bool nan = is_float(a.dtype());
+  if (keep_a_on_tie) {
+    Value take_o = b.compare(dir, o, a);
+    if (nan) take_o = b.binary("or", take_o, b.compare(Cmp::NE, o, o));
+    return b.select(take_o, o, a);
+  }
   Value take_a = b.compare(dir, a, o);
-  if (is_float(a.dtype())) take_a = b.binary("or", take_a, b.compare(Cmp::NE, a, a));
+  if (nan) take_a = b.binary("or", take_a, b.compare(Cmp::NE, a, a));
   return b.select(take_a, a, o);
 }
 
@@ -52,8 +60,8 @@ std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
     if (b && ctx.has(b)) ops.push_back(ctx.promotion(b));
   DType dt = result_type(ops);
   Value r = operand_as(ctx, "self", dt, shape);
-  if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape));
-  if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape));
+  if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape), true);
+  if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape), true);
   return {ctx.b.convert(r, ctx.out().dtype)};
 }
 

@@ -1,4 +1,5 @@
-// Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std,
+// Reductions: sum, mean, prod, nansum, amax/amin, aminmax, count_nonzero,
+// max/min, argmax/argmin, var/std,
 // all/any, linalg_vector_norm and norm, cdist. The Meta kernel already fixed the result shape
 // (keepdim or not), so each lowering reduces and then reshapes to ctx.out().
 #include <algorithm>
@@ -64,12 +65,14 @@ Value max_or_min(Builder& b, const Value& x, const std::vector<int64_t>& dims, b
 }
 
 // Sum-like reductions: input converted to the result dtype (dtype= or Meta's
-// promotion, e.g. int -> int64), accumulated in acc_dtype.
-std::vector<Value> sum_like(LoweringContext& ctx, const char* body, double init, bool mean) {
+// promotion, e.g. int -> int64), accumulated in acc_dtype; `skip_nan`
+// (nansum) takes NaN as 0.
+std::vector<Value> sum_like(LoweringContext& ctx, const char* body, double init, bool mean, bool skip_nan = false) {
   Builder& b = ctx.b;
   const Value& self = ctx.tensor("self");
   DType out = ctx.out().dtype, acc = acc_dtype(out);
   Value x = b.convert(b.convert(self, out), acc);
+  if (skip_nan && is_float(acc)) x = b.select(b.compare(Cmp::NE, x, x), splat_like(b, 0, x), x);
   auto dims = reduced_dims(ctx, x);
   Value r = b.reduce(x, b.constant(init, acc), dims, body);
   if (mean) r = b.binary("divide", r, splat_like(b, double(count(x, dims)), r));
@@ -79,6 +82,32 @@ std::vector<Value> sum_like(LoweringContext& ctx, const char* body, double init,
 std::vector<Value> amax_amin(LoweringContext& ctx, bool is_max) {
   const Value& x = ctx.tensor("self");
   return {ctx.b.reshape(max_or_min(ctx.b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
+}
+
+// aminmax(self, dim=None, keepdim): (amin, amax) over one dim or all (the
+// Meta kernel rejects an empty one).
+std::vector<Value> aminmax(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  std::vector<int64_t> dims;
+  if (ctx.has("dim")) {
+    int64_t d = wrap_dim(ctx.to_int("dim", 0), x.rank());
+    if (x.rank() == 0) x = b.reshape(x, {1});
+    dims = {d};
+  } else {
+    for (int64_t i = 0; i < x.rank(); ++i) dims.push_back(i);
+  }
+  return {b.reshape(max_or_min(b, x, dims, false), ctx.out(0).shape),
+          b.reshape(max_or_min(b, x, dims, true), ctx.out(1).shape)};
+}
+
+// count_nonzero(self, dim): how many are non-zero, as int64.
+std::vector<Value> count_nonzero(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& x = ctx.tensor("self");
+  Value nz = b.convert(b.compare(Cmp::NE, x, b.zeros(x.type)), DType::I64);
+  Value r = b.reduce(nz, b.constant_int(0, DType::I64), reduced_dims(ctx, x), "stablehlo.add");
+  return {b.reshape(r, ctx.out().shape)};
 }
 
 // Max/min along one dim with the index of its first occurrence (NaN counts as
@@ -308,6 +337,9 @@ TORCH_PJRT_LOWERING("trace", trace);
 TORCH_PJRT_LOWERING("sum", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, false); });
 TORCH_PJRT_LOWERING("mean", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, true); });
 TORCH_PJRT_LOWERING("prod", [](LoweringContext& c) { return sum_like(c, "stablehlo.multiply", 1, false); });
+TORCH_PJRT_LOWERING("nansum", [](LoweringContext& c) { return sum_like(c, "stablehlo.add", 0, false, true); });
+TORCH_PJRT_LOWERING("aminmax", aminmax);
+TORCH_PJRT_LOWERING("count_nonzero", count_nonzero);
 TORCH_PJRT_LOWERING("amax", [](LoweringContext& c) { return amax_amin(c, true); });
 TORCH_PJRT_LOWERING("amin", [](LoweringContext& c) { return amax_amin(c, false); });
 TORCH_PJRT_LOWERING("max", [](LoweringContext& c) { return max_min(c, true); });

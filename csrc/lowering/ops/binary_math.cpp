@@ -1,0 +1,140 @@
+// More elementwise binary functions: atan2, hypot, logaddexp/logaddexp2,
+// fmax/fmin, copysign, heaviside, xlog1py and nextafter, with the special
+// values of PyTorch's CPU kernels. Computed in the output's math dtype
+// (float32 for half types, rounded once), operands broadcast to the output.
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+
+Value signbit(Builder& b, const Value& x);  // unary_special.cpp
+
+namespace {
+
+struct Pair {
+  Value a, o;
+  DType out;
+};
+
+// self and other in the output's math dtype and shape.
+Pair operands(LoweringContext& ctx, const char* second = "other") {
+  const TensorType& out = ctx.out();
+  DType dt = math_dtype(out.dtype);
+  return {operand_as(ctx, "self", dt, out.shape), operand_as(ctx, second, dt, out.shape), out.dtype};
+}
+
+// CPU's kernels of these ops dispatch on float dtypes only.
+void floats_only(LoweringContext& ctx, const char* kernel) {
+  DType t = ctx.out().dtype;
+  if (!is_float(t)) ctx.not_implemented(std::string("\"") + kernel + "\" not implemented for '" + dtype_name(t) + "'");
+}
+
+Value is_nan(Builder& b, const Value& x) { return b.compare(Cmp::NE, x, x); }
+
+std::vector<Value> atan2(LoweringContext& ctx) {
+  Pair p = operands(ctx);
+  return {ctx.b.convert(ctx.b.binary("atan2", p.a, p.o), p.out)};
+}
+
+// hypot = m sqrt(1 + (n/m)^2) for m = max(|a|, |b|), n = min: no overflow in
+// the squares, as std::hypot; inf when either is infinite (even beside NaN).
+std::vector<Value> hypot(LoweringContext& ctx) {
+  floats_only(ctx, "hypot_cpu");
+  Builder& b = ctx.b;
+  Pair p = operands(ctx);
+  Value x = b.unary("abs", p.a), y = b.unary("abs", p.o);
+  Value x_big = b.compare(Cmp::GT, x, y);
+  Value m = b.select(x_big, x, y), n = b.select(x_big, y, x);
+  Value q = b.binary("divide", n, m);
+  Value r = b.binary("multiply", m, b.unary("sqrt", b.binary("add", splat_like(b, 1, q), b.binary("multiply", q, q))));
+  r = b.select(b.compare(Cmp::EQ, m, splat_like(b, 0, m)), m, r);
+  r = b.select(b.binary("or", is_nan(b, x), is_nan(b, y)), splat_like(b, NAN, r), r);
+  Value inf = splat_like(b, INFINITY, r);
+  r = b.select(b.binary("or", b.compare(Cmp::EQ, x, inf), b.compare(Cmp::EQ, y, inf)), inf, r);
+  return {b.convert(r, p.out)};
+}
+
+// logaddexp = m + log1p(exp(-|a - b|)) for m = max(a, b); a when a == b is
+// infinite (inf - inf would be NaN). Base 2: log1p(2^-|a - b|) / ln 2.
+std::vector<Value> logaddexp(LoweringContext& ctx, bool base2) {
+  floats_only(ctx, base2 ? "logaddexp2_cpu" : "logaddexp_cpu");
+  Builder& b = ctx.b;
+  Pair p = operands(ctx);
+  Value m = b.select(b.compare(Cmp::GT, p.a, p.o), p.a, p.o);
+  Value d = b.unary("negate", b.unary("abs", b.binary("subtract", p.a, p.o)));
+  Value r = base2 ? b.binary("multiply", b.unary("log_plus_one", b.unary("exponential", b.binary("multiply", d, splat_like(b, M_LN2, d)))),
+                             splat_like(b, 1.0 / M_LN2, d))
+                  : b.unary("log_plus_one", b.unary("exponential", d));
+  r = b.binary("add", m, r);
+  Value same_inf = b.binary("and", b.compare(Cmp::EQ, p.a, p.o),
+                            b.compare(Cmp::EQ, b.unary("abs", p.a), splat_like(b, INFINITY, p.a)));
+  return {b.convert(b.select(same_inf, p.a, r), p.out)};
+}
+
+// fmax/fmin: NaN only where both are NaN; self on ties (fmax(-0.0, 0.0) is
+// -0.0, as on CPU).
+std::vector<Value> fmax_fmin(LoweringContext& ctx, Cmp dir) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  Value a = operand_as(ctx, "self", out.dtype, out.shape), o = operand_as(ctx, "other", out.dtype, out.shape);
+  if (out.dtype == DType::Bool) return {b.binary(dir == Cmp::GT ? "or" : "and", a, o)};
+  Value take_o = b.compare(dir, o, a);
+  if (is_float(out.dtype)) take_o = b.binary("or", take_o, is_nan(b, a));
+  return {b.select(take_o, o, a)};
+}
+
+// copysign: |self| with the sign bit of other (-0.0 and negative NaN count).
+std::vector<Value> copysign(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Pair p = operands(ctx);
+  Value mag = b.unary("abs", p.a);
+  return {b.convert(b.select(signbit(b, p.o), b.unary("negate", mag), mag), p.out)};
+}
+
+// heaviside(x, values): values where x == 0, else x > 0 (NaN gives 0).
+std::vector<Value> heaviside(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  Value x = operand_as(ctx, "self", out.dtype, out.shape), v = operand_as(ctx, "values", out.dtype, out.shape);
+  Value zero = b.zeros(x.type);
+  Value step = b.convert(b.compare(Cmp::GT, x, zero), out.dtype);
+  return {b.select(b.compare(Cmp::EQ, x, zero), v, step)};
+}
+
+// xlog1py(x, y) = x log1p(y), 0 where x == 0, NaN where y is NaN.
+std::vector<Value> xlog1py(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Pair p = operands(ctx);
+  Value r = b.binary("multiply", p.a, b.unary("log_plus_one", p.o));
+  r = b.select(b.compare(Cmp::EQ, p.a, splat_like(b, 0, p.a)), splat_like(b, 0, p.a), r);
+  r = b.select(is_nan(b, p.o), p.o, r);
+  return {b.convert(r, p.out)};
+}
+
+// nextafter steps in the output dtype itself (a half's next value is not
+// float32's).
+std::vector<Value> nextafter(LoweringContext& ctx) {
+  floats_only(ctx, "nextafter_cpu");
+  const TensorType& out = ctx.out();
+  Value a = operand_as(ctx, "self", out.dtype, out.shape), o = operand_as(ctx, "other", out.dtype, out.shape);
+  return {ctx.b.op("chlo.next_after", {a, o}, out)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("atan2", atan2);
+TORCH_PJRT_LOWERING("arctan2", atan2);
+TORCH_PJRT_LOWERING("hypot", hypot);
+TORCH_PJRT_LOWERING("logaddexp", [](LoweringContext& c) { return logaddexp(c, false); });
+TORCH_PJRT_LOWERING("logaddexp2", [](LoweringContext& c) { return logaddexp(c, true); });
+TORCH_PJRT_LOWERING("fmax", [](LoweringContext& c) { return fmax_fmin(c, Cmp::GT); });
+TORCH_PJRT_LOWERING("fmin", [](LoweringContext& c) { return fmax_fmin(c, Cmp::LT); });
+TORCH_PJRT_LOWERING("copysign", copysign);
+TORCH_PJRT_LOWERING("heaviside", heaviside);
+TORCH_PJRT_LOWERING("special_xlog1py", xlog1py);
+TORCH_PJRT_LOWERING("nextafter", nextafter);
+
+}  // namespace torch_pjrt::lowering::ops

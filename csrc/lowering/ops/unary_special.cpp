@@ -1,0 +1,161 @@
+// More elementwise float functions: inverse trigonometric and hyperbolic
+// functions, erfc/erfinv, lgamma/digamma/polygamma (CHLO ops, expanded by
+// XLA), log2/log10/exp2, sinc, frac and signbit. Integer inputs give
+// PyTorch's default float (ctx.out().dtype); half types are computed in
+// float32 and rounded once, as PyTorch's CPU kernels do.
+#include <cmath>
+#include <string>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+void chlo_unary(const char* aten, const char* chlo) {
+  std::string name = chlo;
+  register_lowering(aten, [name](LoweringContext& c) {
+    return float_unary(c, [&](Builder& b, const Value& x) { return b.op(name, {x}, x.type); });
+  }, false, __FILE__);
+}
+
+// The signed integer type of a float's bits, for bit tests.
+DType bits_dtype(DType t) {
+  switch (t) {
+    case DType::F64: return DType::I64;
+    case DType::F32: return DType::I32;
+    default: return DType::I16;
+  }
+}
+
+// log2(x) = e + log(m) / ln 2 for x = m * 2^e with m in [sqrt(1/2), sqrt(2)):
+// exact at powers of two (m = 1), where log(x) / ln 2 can miss by an ulp
+// (log2(8).floor() must be 3), and no cancellation near 1. Zero, negatives,
+// inf, NaN and subnormals take log(x) / ln 2, which is right for them.
+Value log2(Builder& b, const Value& x) {
+  bool f64 = x.dtype() == DType::F64;
+  int mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127;
+  DType it = f64 ? DType::I64 : DType::I32;
+  TensorType itype{it, x.shape()};
+  auto k = [&](int64_t v) { return b.splat(Scalar::from_int(v), itype); };
+  Value bits = b.bitcast_convert(x, itype);
+  Value field = b.binary("and", b.op("stablehlo.shift_right_logical", {bits, k(mant)}, itype),
+                         k((int64_t(1) << (f64 ? 11 : 8)) - 1));
+  int64_t mant_mask = (int64_t(1) << mant) - 1;
+  Value m = b.bitcast_convert(b.binary("or", b.binary("and", bits, k(mant_mask)), k(int64_t(bias) << mant)),
+                              x.type);  // in [1, 2)
+  Value e = b.convert(b.binary("subtract", field, k(bias)), x.dtype());
+  Value big = b.compare(Cmp::GT, m, splat_like(b, M_SQRT2, m));
+  m = b.select(big, b.binary("multiply", m, splat_like(b, 0.5, m)), m);
+  e = b.select(big, b.binary("add", e, splat_like(b, 1, e)), e);
+  Value inv_ln2 = splat_like(b, 1.0 / M_LN2, x);
+  Value r = b.binary("add", e, b.binary("multiply", b.unary("log", m), inv_ln2));
+  Value plain = b.binary("multiply", b.unary("log", x), inv_ln2);
+  Value normal = b.binary("and", b.compare(Cmp::GT, x, splat_like(b, 0, x)),
+                          b.binary("and", b.compare(Cmp::NE, field, k(0)),
+                                   b.compare(Cmp::NE, field, k((int64_t(1) << (f64 ? 11 : 8)) - 1))));
+  return b.select(normal, r, plain);
+}
+
+Value log10(Builder& b, const Value& x) {
+  return b.binary("divide", b.unary("log", x), splat_like(b, M_LN10, x));
+}
+
+// 2^x as pow(2, x): exact at integers, where exp(x ln 2) is not.
+Value exp2(Builder& b, const Value& x) { return b.binary("power", splat_like(b, 2, x), x); }
+
+// sinc(x) = sin(pi x) / (pi x), 1 at 0, the product rounded as on CPU.
+Value sinc(Builder& b, const Value& x) {
+  Value px = b.binary("multiply", x, splat_like(b, M_PI, x));
+  Value r = b.binary("divide", b.unary("sine", px), px);
+  return b.select(b.compare(Cmp::EQ, x, splat_like(b, 0, x)), splat_like(b, 1, x), r);
+}
+
+// digamma: CPU gives -inf at +0, +inf at -0 and NaN at negative integers.
+Value digamma(Builder& b, const Value& x) {
+  Value r = b.op("chlo.digamma", {x}, x.type);
+  Value zero = splat_like(b, 0, x);
+  Value at_zero = b.compare(Cmp::EQ, x, zero);
+  Value neg_zero = b.compare(Cmp::LT, b.bitcast_convert(x, TensorType{bits_dtype(x.dtype()), x.shape()}),
+                             b.splat(Scalar::from_int(0), TensorType{bits_dtype(x.dtype()), x.shape()}));
+  Value signed_inf = b.select(neg_zero, splat_like(b, INFINITY, x), splat_like(b, -INFINITY, x));
+  Value neg_int = b.binary("and", b.compare(Cmp::LT, x, zero), b.compare(Cmp::EQ, x, b.unary("floor", x)));
+  r = b.select(neg_int, splat_like(b, NAN, x), r);
+  return b.select(at_zero, signed_inf, r);
+}
+
+// lgamma: +inf at 0 and the non-positive integers, and at -inf.
+Value lgamma(Builder& b, const Value& x) {
+  Value r = b.op("chlo.lgamma", {x}, x.type);
+  Value pole = b.binary("and", b.compare(Cmp::LE, x, splat_like(b, 0, x)), b.compare(Cmp::EQ, x, b.unary("floor", x)));
+  return b.select(pole, splat_like(b, INFINITY, x), r);
+}
+
+// polygamma(n, x): n = 0 is digamma; otherwise CHLO's, with CPU's values at
+// the poles (0 and the negative integers): +inf for odd n, -inf for even n
+// (the sign of (-1)^(n+1) n! / x^(n+1) from the right). At +inf: 0 for n = 1,
+// NaN above; at -inf: NaN for n = 1, the pole's value above. (CPU's trigamma
+// gives large finite values at the negative integers, from sin(pi x) not
+// being 0 there; here they are +inf.)
+std::vector<Value> polygamma(LoweringContext& ctx) {
+  int64_t n = ctx.to_int("n", 0);
+  return float_unary(ctx, [&](Builder& b, const Value& x) {
+    if (n == 0) return digamma(b, x);
+    Value r = b.op("chlo.polygamma", {splat_like(b, double(n), x), x}, x.type);
+    Value pole_value = splat_like(b, n % 2 ? INFINITY : -INFINITY, x);
+    Value pole = b.binary("and", b.compare(Cmp::LE, x, splat_like(b, 0, x)), b.compare(Cmp::EQ, x, b.unary("floor", x)));
+    r = b.select(pole, pole_value, r);
+    Value nan = splat_like(b, NAN, x);
+    r = b.select(b.compare(Cmp::EQ, x, splat_like(b, INFINITY, x)), n == 1 ? splat_like(b, 0, x) : nan, r);
+    return b.select(b.compare(Cmp::EQ, x, splat_like(b, -INFINITY, x)), n == 1 ? nan : pole_value, r);
+  });
+}
+
+// frac = x - trunc(x), float dtypes only (CPU has no integer kernel).
+std::vector<Value> frac(LoweringContext& ctx) {
+  DType t = ctx.tensor("self").dtype();
+  if (!is_float(t)) ctx.not_implemented(std::string("\"frac_cpu\" not implemented for '") + dtype_name(t) + "'");
+  return float_unary(ctx, [](Builder& b, const Value& v) {
+    Value t = b.select(b.compare(Cmp::LT, v, splat_like(b, 0, v)), b.unary("ceil", v), b.unary("floor", v));
+    return b.binary("subtract", v, t);
+  });
+}
+
+}  // namespace
+
+// The sign bit of a float (true for -0.0 and negative NaNs); x < 0 for integers.
+Value signbit(Builder& b, const Value& x) {
+  if (x.dtype() == DType::Bool || is_unsigned(x.dtype())) return b.zeros({DType::Bool, x.shape()});
+  if (!is_float(x.dtype())) return b.compare(Cmp::LT, x, splat_like(b, 0, x));
+  TensorType it{bits_dtype(x.dtype()), x.shape()};
+  return b.compare(Cmp::LT, b.bitcast_convert(x, it), b.zeros(it));
+}
+
+namespace {
+const bool registered = [] {
+  chlo_unary("asin", "chlo.asin");
+  chlo_unary("acos", "chlo.acos");
+  chlo_unary("atan", "chlo.atan");
+  chlo_unary("asinh", "chlo.asinh");
+  chlo_unary("acosh", "chlo.acosh");
+  chlo_unary("atanh", "chlo.atanh");
+  chlo_unary("sinh", "chlo.sinh");
+  chlo_unary("cosh", "chlo.cosh");
+  chlo_unary("erfc", "chlo.erfc");
+  chlo_unary("erfinv", "chlo.erf_inv");
+  return true;
+}();
+}  // namespace
+
+TORCH_PJRT_LOWERING("log2", [](LoweringContext& c) { return float_unary(c, log2); });
+TORCH_PJRT_LOWERING("log10", [](LoweringContext& c) { return float_unary(c, log10); });
+TORCH_PJRT_LOWERING("exp2", [](LoweringContext& c) { return float_unary(c, exp2); });
+TORCH_PJRT_LOWERING("sinc", [](LoweringContext& c) { return float_unary(c, sinc); });
+TORCH_PJRT_LOWERING("lgamma", [](LoweringContext& c) { return float_unary(c, lgamma); });
+TORCH_PJRT_LOWERING("digamma", [](LoweringContext& c) { return float_unary(c, digamma); });
+TORCH_PJRT_LOWERING("polygamma", polygamma);
+TORCH_PJRT_LOWERING("frac", frac);
+TORCH_PJRT_LOWERING("signbit", [](LoweringContext& c) {
+  return std::vector<Value>{signbit(c.b, c.tensor("self"))};
+});
+
+}  // namespace torch_pjrt::lowering::ops

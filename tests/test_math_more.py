@@ -1,0 +1,308 @@
+"""Inverse trig/hyperbolic, gamma-family, log2/exp2 and friends, binary math
+(atan2, hypot, logaddexp, fmax, copysign, ...), shrink/PReLU and nansum,
+count_nonzero, aminmax: lowered (no CPU fallback) and equal to PyTorch on CPU,
+special values and signed zeros included."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOAT_DTYPES, assert_same, make, tpu
+
+INF, NAN = math.inf, math.nan
+# (No subnormals: XLA's transcendental functions take them as zero, log(1e-40)
+# is -inf, as on TPUs; docs/reliability.md.)
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.0, 8.0, 0.5, -2.5, 3.0, 1e-30, -1e-30, 1e30, 0.999, 1.001,
+           INF, -INF, NAN, 100.0, -100.0, 0.25, -0.75]
+
+# name -> (function, low, high): the random inputs' range keeps them in the domain.
+UNARY = {
+    "asin": (torch.asin, -0.99, 0.99),
+    "acos": (torch.acos, -0.99, 0.99),
+    "atan": (torch.atan, -5, 5),
+    "asinh": (torch.asinh, -5, 5),
+    "acosh": (torch.acosh, 1.01, 5),
+    "atanh": (torch.atanh, -0.99, 0.99),
+    "sinh": (torch.sinh, -4, 4),
+    "cosh": (torch.cosh, -4, 4),
+    "erfc": (torch.erfc, -3, 3),
+    "erfinv": (torch.erfinv, -0.99, 0.99),
+    "lgamma": (torch.lgamma, 0.1, 6),
+    "digamma": (torch.digamma, 0.1, 6),
+    "log2": (torch.log2, 0.01, 100),
+    "log10": (torch.log10, 0.01, 100),
+    "exp2": (torch.exp2, -10, 10),
+    "sinc": (torch.sinc, -3, 3),
+    "frac": (torch.frac, -5, 5),
+    "signbit": (torch.signbit, -3, 3),
+    "polygamma1": (lambda x: torch.polygamma(1, x), 0.2, 5),
+    "polygamma2": (lambda x: torch.polygamma(2, x), 0.2, 5),
+    "hardshrink": (F.hardshrink, -2, 2),
+    "softshrink": (lambda x: F.softshrink(x, 0.7), -2, 2),
+}
+
+BINARY = {
+    "atan2": torch.atan2,
+    "hypot": torch.hypot,
+    "logaddexp": torch.logaddexp,
+    "logaddexp2": torch.logaddexp2,
+    "fmax": torch.fmax,
+    "fmin": torch.fmin,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "copysign": torch.copysign,
+    "heaviside": torch.heaviside,
+    "xlog1py": torch.special.xlog1py,
+    "nextafter": torch.nextafter,
+}
+
+
+@pytest.fixture
+def lowered():
+    """Fails the test if any op ran through the CPU fallback."""
+    import torch_pjrt
+    before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
+    yield
+    after = torch_pjrt.metrics()["cpu_fallbacks"]
+    fell_back = sorted(op for op, n in after.items() if n != before.get(op, 0))
+    assert not fell_back, f"ran on CPU: {fell_back}"
+
+
+def same_bits(actual, expected, zero_signs=True):
+    """Values equal (NaN where NaN) and zeros of the same sign."""
+    a = actual.cpu()
+    assert a.dtype == expected.dtype and a.shape == expected.shape
+    torch.testing.assert_close(a, expected, rtol=0, atol=0, equal_nan=True)
+    if not zero_signs:
+        return
+    zeros = expected == 0
+    assert torch.equal(torch.signbit(a[zeros]), torch.signbit(expected[zeros])), "signed zeros differ"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_vs_cpu(name, dtype, lowered):
+    fn, low, high = UNARY[name]
+    x = make((4, 5), dtype, low=low, high=high)
+    assert_same(fn(tpu(x)), fn(x))
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_special_values(name, lowered):
+    fn = UNARY[name][0]
+    x = torch.tensor(SPECIAL)
+    if name == "polygamma1":  # CPU's trigamma is finite at negative integers (see unary_special.cpp)
+        x = x[(x >= 0) | (x != x.floor())]
+    expected, actual = fn(x), fn(tpu(x)).cpu()
+    if name in ("hardshrink", "softshrink", "signbit", "frac"):
+        # (CPU's softshrink gives -0.0 or 0.0 for small negatives depending on
+        # whether its vectorized loop or the scalar tail computed them.)
+        same_bits(actual, expected, zero_signs=name != "softshrink")
+        return
+    # Transcendental functions: XLA's approximations differ from glibc's in the
+    # last bits and deep in the tails (lgamma/digamma near their poles).
+    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_integer_inputs_as_cpu(name, dtype):
+    """Integer inputs promote to float where CPU does, and raise the same error where it does not."""
+    fn = UNARY[name][0]
+    x = make((3, 4), dtype, low=0 if name in ("acosh", "polygamma1") else -2, high=5)
+    if name == "acosh":
+        x = x + 1 if dtype != torch.bool else x
+    try:
+        expected = fn(x)
+    except Exception as e:  # CPU has no kernel for this dtype
+        with pytest.raises(type(e)):
+            fn(tpu(x)).cpu()
+        return
+    assert_same(fn(tpu(x)), expected)
+
+
+def test_log2_and_exp2_exact_at_powers_of_two(lowered):
+    k = torch.arange(-126, 128, dtype=torch.float32)  # normal numbers
+    p = torch.exp2(k)
+    same_bits(torch.log2(tpu(p)), torch.log2(p))
+    same_bits(torch.exp2(tpu(k)), p)
+    assert torch.log2(tpu(torch.tensor(8.0))).floor().item() == 3.0
+    d = torch.arange(-1000, 1000, 7, dtype=torch.float64)
+    same_bits(torch.log2(tpu(torch.exp2(d))), d)
+
+
+def test_log2_near_one_keeps_relative_precision(lowered):
+    x = torch.tensor([1 - 2.0 ** -k for k in range(2, 24)] + [1 + 2.0 ** -k for k in range(2, 23)])
+    torch.testing.assert_close(torch.log2(tpu(x)).cpu(), torch.log2(x), rtol=3e-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_vs_cpu(name, dtype, lowered):
+    fn = BINARY[name]
+    a, b = make((4, 5), dtype, seed=1), make((4, 5), dtype, seed=2)
+    if name == "heaviside":
+        a[0] = 0
+    if name == "xlog1py":
+        b = b.abs()
+    assert_same(fn(tpu(a), tpu(b)), fn(a, b))
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_special_value_grid(name, lowered):
+    """Every pair of special values, broadcast (a column against a row)."""
+    fn = BINARY[name]
+    v = torch.tensor(SPECIAL)
+    a, b = v[:, None], v[None, :]
+    expected, actual = fn(a, b), fn(tpu(a), tpu(b)).cpu()
+    if name in ("fmax", "fmin", "maximum", "minimum", "copysign", "heaviside", "nextafter"):
+        # (CPU's maximum/minimum give either operand on ties of -0.0 and 0.0,
+        # depending on its loop: vectorized or not.)
+        same_bits(actual, expected, zero_signs=name not in ("maximum", "minimum"))
+    else:
+        torch.testing.assert_close(actual, expected, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.int32, torch.float32),
+                                    (torch.bool, torch.bool), (torch.uint8, torch.int8)])
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_integer_inputs_as_cpu(name, dtypes):
+    fn = BINARY[name]
+    a, b = make((3, 4), dtypes[0], seed=3), make((3, 4), dtypes[1], seed=4)
+    try:
+        expected = fn(a, b)
+    except Exception as e:
+        with pytest.raises(type(e)):
+            fn(tpu(a), tpu(b)).cpu()
+        return
+    assert_same(fn(tpu(a), tpu(b)), expected)
+
+
+@pytest.mark.parametrize("name", ["atan2", "copysign", "fmax", "xlog1py", "hypot"])
+def test_binary_scalar_and_inplace_forms(name, lowered):
+    a, b = make((3, 4), seed=5), make((3, 4), seed=6).abs()
+    fn = BINARY[name]
+    assert_same(fn(tpu(a), tpu(b)[0]), fn(a, b[0]))  # broadcast
+    method = getattr(torch.Tensor, name + "_", None)
+    if method is not None:
+        x, y = a.clone(), tpu(a)
+        method(x, b)
+        method(y, tpu(b))
+        assert_same(y, x)
+    out = torch.empty(3, 4, device="tpu")
+    fn(tpu(a), tpu(b), out=out)
+    assert_same(out, fn(a, b))
+
+
+def test_copysign_with_a_scalar_and_negative_zero(lowered):
+    x = torch.tensor([1.0, -2.0, 0.0, NAN])
+    same_bits(torch.copysign(tpu(x), -0.0), torch.copysign(x, -0.0))
+    same_bits(torch.copysign(tpu(x), 3), torch.copysign(x, 3))
+
+
+@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum, torch.fmax, torch.fmin])
+def test_max_min_ties_like_cpus_vectorized_loop(fn, lowered):
+    a = torch.tensor([-0.0, 0.0, -0.0, 0.0, NAN, 1.0, NAN, 2.0]).repeat(8)
+    b = torch.tensor([0.0, -0.0, -0.0, 0.0, 1.0, NAN, NAN, 2.0]).repeat(8)
+    same_bits(fn(tpu(a), tpu(b)), fn(a, b))
+
+
+@pytest.mark.parametrize("kw", [dict(min=0.0), dict(max=-0.0), dict(min=-0.0, max=0.0), dict(min=0.0, max=-0.0)])
+def test_clamp_keeps_self_on_ties(kw, lowered):
+    x = torch.tensor([-0.0, 0.0, NAN, -1.0, 1.0])
+    same_bits(x.to("tpu").clamp(**kw), x.clamp(**kw))
+
+
+GRAD_FNS = {
+    "asin": (torch.asin, -0.9, 0.9), "acos": (torch.acos, -0.9, 0.9), "atan": (torch.atan, -3, 3),
+    "asinh": (torch.asinh, -3, 3), "acosh": (torch.acosh, 1.1, 3), "atanh": (torch.atanh, -0.9, 0.9),
+    "sinh": (torch.sinh, -3, 3), "cosh": (torch.cosh, -3, 3), "erfc": (torch.erfc, -2, 2),
+    "erfinv": (torch.erfinv, -0.9, 0.9), "lgamma": (torch.lgamma, 0.5, 4), "digamma": (torch.digamma, 0.5, 4),
+    "log2": (torch.log2, 0.1, 4), "log10": (torch.log10, 0.1, 4), "exp2": (torch.exp2, -3, 3),
+    "sinc": (torch.sinc, -2, 2), "frac": (torch.frac, -3, 3),
+    "hardshrink": (F.hardshrink, -2, 2), "softshrink": (F.softshrink, -2, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAD_FNS))
+def test_unary_gradients(name):
+    fn, low, high = GRAD_FNS[name]
+    x = make((3, 4), torch.float32, low=low, high=high, seed=7)
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    g = make((3, 4), seed=8)
+    fn(xc).backward(g)
+    fn(xt).backward(tpu(g))
+    assert_same(xt.grad, xc.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["atan2", "hypot", "logaddexp", "logaddexp2", "fmax", "copysign", "xlog1py"])
+def test_binary_gradients(name):
+    fn = BINARY[name]
+    a, b = make((3, 4), seed=9), make((3, 4), seed=10).abs() + 0.1
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    at, bt = tpu(a).requires_grad_(), tpu(b).requires_grad_()
+    fn(ac, bc).sum().backward()
+    fn(at, bt).sum().backward()
+    assert_same(at.grad, ac.grad, rtol=1e-4, atol=1e-5)
+    assert_same(bt.grad, bc.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_parameters", [1, 3])
+def test_prelu_module_trains_like_cpu(num_parameters, lowered):
+    torch.manual_seed(0)
+    cpu_m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.PReLU(num_parameters))
+    tpu_m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.PReLU(num_parameters)).to("tpu")
+    tpu_m.load_state_dict(cpu_m.state_dict())
+    opt_c = torch.optim.SGD(cpu_m.parameters(), lr=0.1)
+    opt_t = torch.optim.SGD(tpu_m.parameters(), lr=0.1)
+    for step in range(3):
+        x = make((2, 2, 6, 6), seed=step)
+        for m, opt, inp in ((cpu_m, opt_c, x), (tpu_m, opt_t, tpu(x))):
+            opt.zero_grad()
+            m(inp).square().mean().backward()
+            opt.step()
+    for (n, pc), pt in zip(cpu_m.named_parameters(), tpu_m.parameters()):
+        assert_same(pt, pc.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(dim=1), dict(dim=(0, 2), keepdim=True), dict(dtype=torch.float64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_nansum(kw, dtype, lowered):
+    x = make((3, 4, 5), dtype)
+    if dtype.is_floating_point:
+        x[0, 1, 2] = NAN
+        x[2, 3] = NAN
+    # (bfloat16: CPU rounds partial sums over non-adjacent dims to bfloat16.)
+    tol = dict(rtol=5e-2, atol=5e-2) if dtype == torch.bfloat16 else {}
+    assert_same(torch.nansum(tpu(x), **kw), torch.nansum(x, **kw), **tol)
+    if dtype.is_floating_point and "dtype" not in kw:
+        assert_same(torch.nanmean(tpu(x), **kw), torch.nanmean(x, **kw))
+
+
+@pytest.mark.parametrize("dim", [None, 0, (0, 1), -1, ()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_count_nonzero(dim, dtype, lowered):
+    x = make((3, 4, 2), dtype, low=-1, high=1)
+    kw = {} if dim is None else dict(dim=dim)
+    assert_same(torch.count_nonzero(tpu(x), **kw), torch.count_nonzero(x, **kw))
+
+
+@pytest.mark.parametrize("kw", [{}, dict(dim=1), dict(dim=-1, keepdim=True), dict(dim=0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.bool])
+def test_aminmax(kw, dtype, lowered):
+    x = make((3, 4), dtype)
+    if dtype.is_floating_point:
+        x[1, 2] = NAN
+    assert_same(torch.aminmax(tpu(x), **kw), torch.aminmax(x, **kw))
+    s = make((), dtype)
+    assert_same(torch.aminmax(tpu(s), dim=0), torch.aminmax(s, dim=0))
+
+
+@pytest.mark.parametrize("kw,error", [({}, RuntimeError), (dict(dim=0), IndexError)])
+def test_aminmax_of_nothing_raises_like_cpu(kw, error):
+    with pytest.raises(error, match="aminmax"):
+        torch.aminmax(torch.empty(0, 3), **kw)
+    with pytest.raises(error, match="aminmax"):
+        torch.aminmax(torch.empty(0, 3, device="tpu"), **kw)
+    assert_same(torch.aminmax(torch.empty(0, 3, device="tpu"), dim=1), torch.aminmax(torch.empty(0, 3), dim=1))
