@@ -294,3 +294,24 @@ def test_expanded_out_of_the_wrong_size_raises_as_cpu(fused):
         return torch.add(torch.ones(5, device=d), 1, out=out)
     err = same_outcome(fn, fused)
     assert err is not None and "more than one element of the written-to tensor" in str(err)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+def test_cpu_error_message_starts_as_pytorchs(fused):
+    """Tests match PyTorch's message from its start (assertRaisesRegex("^Integer division")):
+    torch_pjrt's context comes after it."""
+    fn = lambda d: torch.addcdiv(i(d), i(d), i(d))  # noqa: E731
+    err = same_outcome(fn, fused)
+    assert str(err).startswith("Integer division with addcdiv is no longer supported")
+    assert "torch_pjrt: aten::addcdiv on tpu" in str(err)
+
+
+def test_a_dtype_the_device_lacks_is_named_through_python_operators():
+    """NotImplementedError, not TypeError: Tensor.__add__ turns a TypeError into
+    NotImplemented, and Python would report 'unsupported operand type(s)'."""
+    a = torch.tensor([0.0, 1.0], dtype=torch.float16, device="tpu")
+    c = torch.tensor(1, dtype=torch.complex64, device="tpu")  # float16 + complex64 is ComplexHalf
+    with pytest.raises(NotImplementedError, match="ComplexHalf is not supported on device tpu"):
+        a + c
+    with pytest.raises(NotImplementedError, match="Float8_e5m2 is not supported on device tpu"):
+        torch.ones(2, dtype=torch.float8_e5m2).to("tpu")

@@ -462,3 +462,20 @@ def test_in_place_clamp_by_a_wider_tensor_bound_compares_in_the_wider_type():
 
     for got, want in zip(run("tpu"), run("cpu")):
         assert_same(got, want)
+
+
+@pytest.mark.parametrize("first", [torch.float32, torch.float64])
+def test_result_dtype_follows_the_default_dtype_after_a_change(first):
+    """A program made under one default dtype must not serve another (int / int,
+    int * 1.5, sqrt(int) take the default float dtype)."""
+    other = torch.float64 if first == torch.float32 else torch.float32
+    fns = [lambda x: x / 3, lambda x: x * 1.5, torch.sqrt, lambda x: x.to(torch.uint8) + 5.5, torch.sigmoid]
+    x = torch.arange(1, 4)
+    saved = torch.get_default_dtype()
+    try:
+        for dt in (first, other, first):
+            torch.set_default_dtype(dt)
+            for fn in fns:
+                assert_same(fn(tpu(x)), fn(x), rtol=1e-6, atol=1e-6)
+    finally:
+        torch.set_default_dtype(saved)

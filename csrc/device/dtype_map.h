@@ -28,7 +28,10 @@ inline lowering::DType to_dtype(c10::ScalarType t) {
     case c10::kComplexFloat: return DType::C64;
     case c10::kComplexDouble: return DType::C128;
     default:
-      TORCH_CHECK_TYPE(false, "torch_pjrt: dtype ", t, " is not supported on device tpu");
+      // NotImplementedError, as a CPU kernel without the dtype: a TypeError
+      // would become NotImplemented in Tensor.__add__ and friends, and Python
+      // would then report "unsupported operand type(s)" instead of this.
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_pjrt: dtype ", t, " is not supported on device tpu");
   }
 }
 

@@ -175,8 +175,10 @@ bool small_call(c10::ArrayRef<c10::IValue> args, int64_t meta_outputs) {
   return tpu_elements(args) + meta_outputs <= kProbeElements;
 }
 
+// PyTorch's own message first (tests match it from its start, "^Integer
+// division"), then where it was raised.
 [[noreturn]] void raise(const CpuError& e, const std::string& op, const std::string& dtypes) {
-  std::string msg = "torch_pjrt: " + op + " on tpu (" + dtypes + "): " + e.message;
+  std::string msg = e.message + " (torch_pjrt: " + op + " on tpu, " + dtypes + ")";
   switch (e.kind) {
     case CpuError::NotImplemented:
       TORCH_CHECK_NOT_IMPLEMENTED(false, msg);

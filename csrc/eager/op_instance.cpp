@@ -1,5 +1,6 @@
 #include "eager/op_instance.h"
 
+#include <c10/core/DefaultDtype.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -109,6 +110,9 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
   // these keys never leave it): no string per call.
   inst.put(static_cast<int64_t>(reinterpret_cast<intptr_t>(&schema)));
   inst.put(static_cast<char>(checks_enabled()));  // programs with and without value checks differ
+  // Result dtypes follow the default dtype (int / int, int * 1.5, sqrt(int)):
+  // a plan made under float32 must not serve float64.
+  inst.put(static_cast<char>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   const auto& sargs = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
