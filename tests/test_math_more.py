@@ -1,6 +1,7 @@
-"""Inverse trig/hyperbolic, gamma-family, log2/exp2 and friends, binary math
-(atan2, hypot, logaddexp, fmax, copysign, ...), shrink/PReLU and nansum,
-count_nonzero, aminmax: lowered (no CPU fallback) and equal to PyTorch on CPU,
+"""Ops that ran on the CPU fallback before: inverse trig/hyperbolic, the gamma
+family, log2/exp2 and friends, binary math (atan2, hypot, logaddexp, fmax,
+copysign, ...), shrink/PReLU, nansum, count_nonzero, aminmax, cummax/cummin,
+take/put and cross. Lowered (no CPU fallback) and equal to PyTorch on CPU,
 special values and signed zeros included."""
 import math
 
@@ -306,3 +307,72 @@ def test_aminmax_of_nothing_raises_like_cpu(kw, error):
     with pytest.raises(error, match="aminmax"):
         torch.aminmax(torch.empty(0, 3, device="tpu"), **kw)
     assert_same(torch.aminmax(torch.empty(0, 3, device="tpu"), dim=1), torch.aminmax(torch.empty(0, 3), dim=1))
+
+
+@pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int8, torch.bool])
+def test_cummax_cummin_values_and_indices(fn, dtype, lowered):
+    """Ties go to the later index, NaN wins and a later NaN takes over, as on CPU."""
+    x = make((3, 37), dtype, low=-2, high=2)  # few distinct values: many ties
+    if dtype.is_floating_point:
+        x[0, 5] = NAN
+        x[0, 20] = NAN
+        x[1, 0] = NAN
+    for dim in (0, 1, -1):
+        assert_same(fn(tpu(x), dim), fn(x, dim))
+    assert_same(fn(tpu(make((), dtype)), 0), fn(make((), dtype), 0))
+    assert_same(fn(tpu(torch.empty(0, 3, dtype=dtype)), 0), fn(torch.empty(0, 3, dtype=dtype), 0))
+
+
+def test_cummax_gradient():
+    x = make((4, 9), seed=11)
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    torch.cummax(xc, 1).values.sum().backward()
+    torch.cummax(xt, 1).values.sum().backward()
+    assert_same(xt.grad, xc.grad)
+
+
+def test_take_and_its_gradient(lowered):
+    x = make((3, 4), seed=12)
+    idx = torch.tensor([[0, -1], [11, 5], [5, 5]])
+    assert_same(torch.take(tpu(x), tpu(idx)), torch.take(x, idx))
+    assert_same(torch.take(tpu(make(())), tpu(torch.tensor([0, -1]))), torch.take(make(()), torch.tensor([0, -1])))
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    torch.take(xc, idx).sum().backward()  # repeated indices accumulate (put_ with accumulate)
+    torch.take(xt, tpu(idx)).sum().backward()
+    assert_same(xt.grad, xc.grad)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_put(accumulate, dtype, lowered):
+    x = make((2, 3), dtype, seed=13)
+    idx = torch.tensor([[0, -1], [4, 2]]) if not accumulate else torch.tensor([[0, -1], [5, 0]])
+    src = make((2, 2), dtype, seed=14)
+    assert_same(tpu(x).put_(tpu(idx), tpu(src), accumulate=accumulate), x.clone().put_(idx, src, accumulate=accumulate))
+    assert_same(tpu(x).put(tpu(idx), tpu(src), accumulate=accumulate), x.put(idx, src, accumulate=accumulate))
+
+
+@pytest.mark.parametrize("op", ["take", "put_"])
+def test_take_put_out_of_range_raise_index_error(op):
+    x = torch.zeros(2, 3, device="tpu")
+    idx = torch.tensor([6], device="tpu")
+    with pytest.raises(IndexError, match="out of range"):
+        r = torch.take(x, idx) if op == "take" else x.put_(idx, torch.ones(1, device="tpu"))
+        r.cpu()
+    with pytest.raises(IndexError, match="empty tensor"):
+        e = torch.empty(0, device="tpu")
+        torch.take(e, idx) if op == "take" else e.put_(idx, torch.ones(1, device="tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_linalg_cross(dtype, lowered):
+    a, b = make((4, 3), dtype, seed=15), make((1, 3), dtype, seed=16)
+    assert_same(torch.linalg.cross(tpu(a), tpu(b)), torch.linalg.cross(a, b))
+    a, b = make((3, 5), dtype, seed=17), make((3, 5), dtype, seed=18)
+    assert_same(torch.cross(tpu(a), tpu(b), dim=0), torch.cross(a, b, dim=0))
+    if dtype.is_floating_point:
+        ac, at = a.clone().requires_grad_(), tpu(a).requires_grad_()
+        torch.cross(ac, b, dim=0).sum().backward()
+        torch.cross(at, tpu(b), dim=0).sum().backward()
+        assert_same(at.grad, ac.grad)

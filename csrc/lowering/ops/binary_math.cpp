@@ -1,6 +1,6 @@
 // More elementwise binary functions: atan2, hypot, logaddexp/logaddexp2,
-// fmax/fmin, copysign, heaviside, xlog1py and nextafter, with the special
-// values of PyTorch's CPU kernels. Computed in the output's math dtype
+// fmax/fmin, copysign, heaviside, xlog1py, nextafter and linalg_cross, with
+// the special values of PyTorch's CPU kernels. Computed in the output's math dtype
 // (float32 for half types, rounded once), operands broadcast to the output.
 #include <cmath>
 #include <string>
@@ -123,8 +123,28 @@ std::vector<Value> nextafter(LoweringContext& ctx) {
   return {ctx.b.op("chlo.next_after", {a, o}, out)};
 }
 
+// linalg_cross(self, other, dim): the cross product of 3-vectors along dim
+// (the Meta kernel checks its size), operands broadcast to the result.
+std::vector<Value> cross(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  Value x = operand_as(ctx, "self", out.dtype, out.shape), y = operand_as(ctx, "other", out.dtype, out.shape);
+  int64_t dim = wrap_dim(ctx.to_int("dim", -1), x.rank());
+  auto part = [&](const Value& v, int64_t i) {
+    Shape start(v.rank(), 0), limit = v.shape();
+    start[dim] = i;
+    limit[dim] = i + 1;
+    return b.slice(v, start, limit);
+  };
+  auto term = [&](int64_t i, int64_t j) {
+    return b.binary("subtract", b.binary("multiply", part(x, i), part(y, j)), b.binary("multiply", part(x, j), part(y, i)));
+  };
+  return {b.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("linalg_cross", cross);
 TORCH_PJRT_LOWERING("atan2", atan2);
 TORCH_PJRT_LOWERING("arctan2", atan2);
 TORCH_PJRT_LOWERING("hypot", hypot);

@@ -296,6 +296,47 @@ std::vector<Value> masked_scatter_backward(LoweringContext& ctx) {
 
 }  // namespace
 
+// take(self, index): self flattened, read at index (negative ones wrap); an
+// index out of range raises IndexError, as other index checks do.
+static std::vector<Value> take(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value self = ctx.tensor("self"), index = ctx.tensor("index");
+  const TensorType& out = ctx.out();
+  int64_t n = self.type.numel();
+  if (index.type.numel() == 0) return {b.zeros(out)};
+  if (n == 0) ctx.index_error("take(): tried to take from an empty tensor");
+  ctx.check_indices(index, -n, n, "out of range: an index of take() is outside a tensor of " +
+                                      std::to_string(n) + " elements");
+  Shape coord = index.shape();
+  coord.push_back(1);
+  Value at = b.reshape(wrap_index(b, index, n), coord);
+  return {b.reshape(b.gather_elements(b.reshape(self, {n}), at), out.shape)};
+}
+
+// put(self, index, source, accumulate): source written (or added) into self
+// flattened at index, the inverse of take (its backward).
+static std::vector<Value> put(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Value self = ctx.tensor("self"), index = ctx.tensor("index");
+  const TensorType& out = ctx.out();
+  int64_t n = self.type.numel(), k = index.type.numel();
+  if (k == 0) return {self};
+  if (n == 0) ctx.index_error("put(): Tried to put elements into an empty tensor");
+  ctx.check_indices(index, -n, n, "out of range: an index of put() is outside a tensor of " +
+                                      std::to_string(n) + " elements");
+  if (ctx.tensor("source").type.numel() != k)
+    ctx.index_error("put_(): Expected source and index to have the same number of elements, but got "
+                    "source.numel() = " + std::to_string(ctx.tensor("source").type.numel()) +
+                    ", index.numel() = " + std::to_string(k));
+  Value at = b.reshape(wrap_index(b, index, n), {k, 1});
+  Value src = b.reshape(b.convert(ctx.tensor("source"), self.dtype()), {k});
+  bool add = ctx.to_bool("accumulate", false);
+  std::string combine = !add ? "" : self.dtype() == DType::Bool ? "stablehlo.or" : "stablehlo.add";
+  return {b.reshape(b.scatter_elements(b.reshape(self, {n}), at, src, combine), out.shape)};
+}
+
+TORCH_PJRT_LOWERING("take", take);
+TORCH_PJRT_LOWERING("put", put);
 TORCH_PJRT_LOWERING("index", index);
 TORCH_PJRT_LOWERING("_unsafe_index", index);
 TORCH_PJRT_LOWERING("index_put", index_put);

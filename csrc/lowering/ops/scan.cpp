@@ -1,4 +1,5 @@
-// Cumulative ops along one dim: cumsum, cumprod, logcumsumexp. A log-step
+// Cumulative ops along one dim: cumsum, cumprod, logcumsumexp, cummax and
+// cummin. A log-step
 // (Hillis-Steele) inclusive scan: step s combines each element with the one s
 // places before it (identity padding at the front), s = 1, 2, 4, ... This is
 // ceil(log2 n) elementwise passes on every backend, where a reduce_window scan
@@ -60,8 +61,48 @@ Value logaddexp(Builder& b, const Value& a, const Value& c) {
   return b.select(nan, b.binary("add", a, c), r);
 }
 
+// cummax/cummin: (running extreme, its index), the same log-step scan over
+// (value, index) pairs. The later element wins on ties and NaN beats every
+// number, a later NaN the earlier one, as CPU's loop (x >= best or isnan(x)).
+// That choice is associative, so the scan's grouping does not change it.
+std::vector<Value> cumulative_extreme(LoweringContext& ctx, bool is_max) {
+  Builder& b = ctx.b;
+  Value x = ctx.tensor("self");
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+  if (x.rank() == 0) x = b.reshape(x, {1});
+  if (x.type.numel() == 0) return {b.zeros(ctx.out(0)), b.zeros(ctx.out(1))};
+  int64_t n = x.shape()[dim];
+  Value pos = b.iota({DType::I64, x.shape()}, dim), idx = pos;
+  bool nan = is_float(x.dtype());
+  Value v = x;
+  Shape zeros(x.rank(), 0), start(x.rank(), 0);
+  for (int64_t s = 1; s < n; s *= 2) {
+    Shape limit = x.shape(), low = zeros;
+    limit[dim] = n - s;
+    low[dim] = s;
+    // Positions with nothing s before them keep their own pair.
+    Value has_earlier = b.compare(Cmp::GE, pos, b.splat(Scalar::from_int(s), pos.type));
+    Value ev = b.pad(b.slice(v, start, limit), v.dtype() == DType::Bool ? b.constant(Scalar::from_bool(false), DType::Bool)
+                                                                     : b.constant(0.0, v.dtype()), low, zeros);
+    Value ei = b.pad(b.slice(idx, start, limit), b.constant_int(0, DType::I64), low, zeros);
+    Value later_wins = x.dtype() == DType::Bool
+        ? (is_max ? b.binary("or", v, b.unary("not", ev)) : b.binary("or", b.unary("not", v), ev))
+        : b.compare(is_max ? Cmp::GE : Cmp::LE, v, ev);
+    if (nan) {
+      Value later_nan = b.compare(Cmp::NE, v, v), earlier_nan = b.compare(Cmp::NE, ev, ev);
+      later_wins = b.binary("or", later_nan, b.binary("and", b.unary("not", earlier_nan), later_wins));
+    }
+    Value keep = b.binary("or", b.unary("not", has_earlier), later_wins);
+    v = b.select(keep, v, ev);
+    idx = b.select(keep, idx, ei);
+  }
+  return {b.reshape(v, ctx.out(0).shape), b.reshape(idx, ctx.out(1).shape)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("cummax", [](LoweringContext& c) { return cumulative_extreme(c, true); });
+TORCH_PJRT_LOWERING("cummin", [](LoweringContext& c) { return cumulative_extreme(c, false); });
 TORCH_PJRT_LOWERING("cumsum", [](LoweringContext& c) { return cumulative(c, 0.0, binary_op("add")); });
 TORCH_PJRT_LOWERING("cumprod", [](LoweringContext& c) { return cumulative(c, 1.0, binary_op("multiply")); });
 // logcumsumexp is CompositeExplicitAutograd over _logcumsumexp, which has no
