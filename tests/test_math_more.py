@@ -376,3 +376,26 @@ def test_linalg_cross(dtype, lowered):
         torch.cross(ac, b, dim=0).sum().backward()
         torch.cross(at, tpu(b), dim=0).sum().backward()
         assert_same(at.grad, ac.grad)
+
+
+UNFOLD_CASES = [((2, 3, 5, 6), dict(kernel_size=(2, 3), dilation=(1, 2), padding=(1, 0), stride=(2, 1))),
+                ((3, 5, 6), dict(kernel_size=2)), ((1, 2, 7, 7), dict(kernel_size=3, padding=1, stride=2)),
+                ((2, 4, 4, 4), dict(kernel_size=1)), ((0, 2, 4, 4), dict(kernel_size=2))]
+
+
+@pytest.mark.parametrize("shape,kw", UNFOLD_CASES)
+def test_unfold_fold_and_gradient(shape, kw, lowered):
+    x = make(shape, seed=19)
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    c, t = F.unfold(xc, **kw), F.unfold(xt, **kw)
+    same_bits(t.detach(), c.detach())  # copies of values: exact
+    g = make(tuple(c.shape), seed=20)
+    c.backward(g)
+    t.backward(tpu(g))
+    assert_same(xt.grad, xc.grad)
+    assert_same(F.fold(t.detach(), shape[-2:], **kw), F.fold(c.detach(), shape[-2:], **kw))
+
+
+def test_unfold_keeps_inf_beside_a_window(lowered):
+    x = torch.tensor([[[[1.0, INF, 2.0], [3.0, 4.0, NAN], [6.0, 7.0, 8.0]]]])
+    same_bits(F.unfold(tpu(x), 2), F.unfold(x, 2))
