@@ -399,3 +399,45 @@ def test_unfold_fold_and_gradient(shape, kw, lowered):
 def test_unfold_keeps_inf_beside_a_window(lowered):
     x = torch.tensor([[[[1.0, INF, 2.0], [3.0, 4.0, NAN], [6.0, 7.0, 8.0]]]])
     same_bits(F.unfold(tpu(x), 2), F.unfold(x, 2))
+
+
+def _search_cases():
+    s = torch.tensor([1.0, 2.0, 2.0, 3.0, NAN])  # a NaN at the end, as sort puts it
+    v = torch.tensor([[0.0, 1.0, 2.0, 2.5, 3.0, 4.0, NAN]])
+    rows = torch.sort(make((3, 9), seed=21), -1).values
+    u = make((7,), seed=22)
+    return [(s, v, {}), (s, v, dict(right=True)), (s, v, dict(side="right", out_int32=True)),
+            (rows, make((3, 4), seed=23), {}), (rows, make((3, 4), seed=23), dict(right=True)),
+            (u, make((5,), seed=24), dict(sorter=torch.argsort(u))),
+            (torch.tensor([1, 3, 5, 7]), torch.tensor([0, 3, 4, 8]), {}),
+            (torch.tensor([1, 3, 5, 7]), torch.tensor([0.5, 3.0, 8.0]), {}),  # promoted
+            (torch.tensor([1.0]), torch.tensor([0.0, 1.0, 2.0]), {}),
+            (torch.tensor([]), torch.tensor([1.0]), {}),
+            (torch.tensor([3.0, 1.0, 2.0]), torch.tensor([1.5, 2.5]), {})]  # unsorted: CPU's search path
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_searchsorted_as_cpus_binary_search(case, lowered):
+    seq, val, kw = _search_cases()[case]
+    kwt = {k: tpu(x) for k, x in kw.items()}
+    assert_same(torch.searchsorted(tpu(seq), tpu(val), **kwt), torch.searchsorted(seq, val, **kw))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_bucketize(right, lowered):
+    b = torch.tensor([0.0, 1.0, 5.0])
+    x = torch.tensor([[-1.0, 0.0, 0.5, 1.0, 7.0, NAN]])
+    assert_same(torch.bucketize(tpu(x), tpu(b), right=right), torch.bucketize(x, b, right=right))
+    assert_same(torch.bucketize(3, tpu(b), right=right), torch.bucketize(3, b, right=right))
+    assert_same(torch.searchsorted(tpu(b), 1.0, right=right), torch.searchsorted(b, 1.0, right=right))
+
+
+def test_bucketize_rejects_cpu_boundaries_as_cuda_does():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.bucketize(torch.ones(3, device="tpu"), torch.tensor([0.0, 1.0]))
+
+
+def test_searchsorted_sorter_out_of_range_raises():
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        torch.searchsorted(torch.tensor([1.0, 2.0], device="tpu"), torch.tensor([1.0], device="tpu"),
+                           sorter=torch.tensor([0, 5], device="tpu")).cpu()
