@@ -441,3 +441,36 @@ def test_searchsorted_sorter_out_of_range_raises():
     with pytest.raises(RuntimeError, match="sorter index out of range"):
         torch.searchsorted(torch.tensor([1.0, 2.0], device="tpu"), torch.tensor([1.0], device="tpu"),
                            sorter=torch.tensor([0, 5], device="tpu")).cpu()
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample(mode, padding, align, lowered):
+    x = make((2, 3, 7, 9), seed=25)
+    g = make((2, 5, 6, 2), low=-1.3, high=1.3, seed=26)  # some points outside the image
+    g[0, 0, 0] = torch.tensor([1.0, -1.0])  # corners and exact pixel centres
+    g[1, 2, 3] = torch.tensor([0.0, 0.0])
+    kw = dict(mode=mode, padding_mode=padding, align_corners=align)
+    assert_same(F.grid_sample(tpu(x), tpu(g), **kw), F.grid_sample(x, g, **kw), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_grid_sample_dtypes_and_gradients(dtype):
+    x = make((1, 2, 5, 5), dtype, seed=27)
+    g = make((1, 3, 4, 2), dtype, low=-1.1, high=1.1, seed=28)
+    assert_same(F.grid_sample(tpu(x), tpu(g), align_corners=False), F.grid_sample(x, g, align_corners=False))
+    xc, gc = x.clone().requires_grad_(), g.clone().requires_grad_()
+    xt, gt = tpu(x).requires_grad_(), tpu(g).requires_grad_()
+    F.grid_sample(xc, gc, align_corners=True).sum().backward()
+    F.grid_sample(xt, gt, align_corners=True).sum().backward()  # (the backward op runs on the CPU fallback)
+    assert_same(xt.grad, xc.grad)
+    assert_same(gt.grad, gc.grad)
+
+
+def test_grid_sample_bad_input_raises_like_cpu():
+    for x, g in [((2, 3, 4, 4), (3, 2, 2, 2)), ((2, 3, 4, 4), (2, 2, 2, 3)), ((1, 3, 0, 4), (1, 2, 2, 2))]:
+        with pytest.raises(RuntimeError, match="grid_sampler"):
+            F.grid_sample(torch.zeros(x), torch.zeros(g), align_corners=False)
+        with pytest.raises(RuntimeError, match="grid_sampler"):
+            F.grid_sample(torch.zeros(x, device="tpu"), torch.zeros(g, device="tpu"), align_corners=False).cpu()

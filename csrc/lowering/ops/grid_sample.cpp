@@ -1,0 +1,161 @@
+// grid_sampler_2d (F.grid_sample on 4-d input): bilinear, nearest and bicubic
+// sampling with zeros, border and reflection padding, by the formulas of
+// PyTorch's CPU kernel (aten/src/ATen/native/GridSampler.h). Every tap is one
+// row gather from the image laid out as [N*H*W, C]; a tap outside the image
+// reads nothing (zeros padding), and its weight multiplies the value read, as
+// on CPU (so an inf under a zero weight still gives NaN there and here).
+// Computed in the input's dtype, half types too, as CPU's kernel does. The
+// backward op is not lowered (it runs on the CPU fallback).
+#include <string>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+struct Sampler {
+  Builder& b;
+  Value table;           // [N*H*W, C]
+  int64_t n, c, h, w;    // image sizes
+  Shape out;             // [N, Ho, Wo]
+  int padding;           // 0 zeros, 1 border, 2 reflection
+  bool align;
+
+  Value k(double v) const { return b.splat(Scalar::from_float(v), TensorType{table.dtype(), out}); }
+  Value add(const Value& x, const Value& y) const { return b.binary("add", x, y); }
+  Value sub(const Value& x, const Value& y) const { return b.binary("subtract", x, y); }
+  Value mul(const Value& x, const Value& y) const { return b.binary("multiply", x, y); }
+
+  // [-1, 1] to pixel coordinates.
+  Value unnormalize(const Value& g, int64_t size) const {
+    if (align) return mul(add(g, k(1)), k((size - 1) / 2.0));
+    return mul(sub(mul(add(g, k(1)), k(double(size))), k(1)), k(0.5));
+  }
+  Value clip(const Value& x, int64_t size) const {
+    return b.binary("minimum", b.binary("maximum", x, k(0)), k(double(size - 1)));
+  }
+  Value reflect(const Value& x, int64_t twice_low, int64_t twice_high) const {
+    if (twice_low == twice_high) return k(0);
+    double lo = twice_low / 2.0, span = (twice_high - twice_low) / 2.0;
+    Value in = b.unary("abs", sub(x, k(lo)));
+    Value extra = b.binary("remainder", in, k(span));
+    Value flips = b.unary("floor", b.binary("divide", in, k(span)));
+    Value even = b.compare(Cmp::EQ, b.binary("remainder", flips, k(2)), k(0));
+    return b.select(even, add(extra, k(lo)), add(sub(k(span), extra), k(lo)));
+  }
+  // compute_coordinates: the padding mode applied to a source coordinate.
+  Value pad(const Value& x, int64_t size) const {
+    if (padding == 1) return clip(x, size);
+    if (padding == 2)
+      return clip(align ? reflect(x, 0, 2 * (size - 1)) : reflect(x, -1, 2 * size - 1), size);
+    return x;
+  }
+  // The image's values at integer-valued (x, y), [N, Ho, Wo, C], and whether
+  // each lies inside the image.
+  std::pair<Value, Value> read(const Value& x, const Value& y) const {
+    Value inside = b.binary("and", b.binary("and", b.compare(Cmp::GE, x, k(0)), b.compare(Cmp::LE, x, k(double(w - 1)))),
+                            b.binary("and", b.compare(Cmp::GE, y, k(0)), b.compare(Cmp::LE, y, k(double(h - 1)))));
+    TensorType it{DType::I64, out};
+    auto as_int = [&](const Value& v) { return b.convert(b.select(inside, v, k(0)), DType::I64); };
+    Value batch = b.binary("multiply", b.iota(it, 0), b.splat(Scalar::from_int(h * w), it));
+    Value row = b.binary("add", batch, b.binary("add", b.binary("multiply", as_int(y), b.splat(Scalar::from_int(w), it)),
+                                                as_int(x)));
+    Shape rows_shape = out;
+    rows_shape.push_back(c);
+    Value rows = b.op("stablehlo.gather", {table, row}, TensorType{table.dtype(), rows_shape},
+                      "dimension_numbers = #stablehlo.gather<offset_dims = [3], collapsed_slice_dims = [0], "
+                      "start_index_map = [0], index_vector_dim = 3>, slice_sizes = " + i64_array({1, c}) +
+                          ", indices_are_sorted = false");
+    return {rows, inside};
+  }
+  // [N, Ho, Wo] broadcast over the channels.
+  Value spread(const Value& v) const {
+    Shape s = out;
+    s.push_back(c);
+    return b.broadcast_in_dim(v, s, {0, 1, 2});
+  }
+  // weight * value for taps inside the image, nothing for the others.
+  Value tap(const Value& acc, const Value& x, const Value& y, const Value& weight) const {
+    auto [rows, inside] = read(x, y);
+    Value term = b.binary("multiply", rows, spread(weight));
+    Value r = b.select(spread(inside), term, b.zeros(term.type));
+    return acc.id.empty() ? r : b.binary("add", acc, r);  // (the first tap starts the sum)
+  }
+  // The value at (x, y), 0 outside the image (get_value_bounded).
+  Value bounded(const Value& x, const Value& y) const {
+    auto [rows, inside] = read(x, y);
+    return b.select(spread(inside), rows, b.zeros(rows.type));
+  }
+};
+
+// cubic_convolution1/2 of PyTorch (A = -0.75): the four tap weights at t.
+std::vector<Value> cubic_weights(const Sampler& s, const Value& t) {
+  const double a = -0.75;
+  auto conv1 = [&](const Value& x) {  // ((A + 2) x - (A + 3)) x^2 + 1
+    return s.add(s.mul(s.mul(s.sub(s.mul(s.k(a + 2), x), s.k(a + 3)), x), x), s.k(1));
+  };
+  auto conv2 = [&](const Value& x) {  // ((A x - 5A) x + 8A) x - 4A
+    return s.sub(s.mul(s.add(s.mul(s.sub(s.mul(s.k(a), x), s.k(5 * a)), x), s.k(8 * a)), x), s.k(4 * a));
+  };
+  return {conv2(s.add(t, s.k(1))), conv1(t), conv1(s.sub(s.k(1), t)), conv2(s.sub(s.k(2), t))};
+}
+
+std::vector<Value> grid_sampler_2d(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType dt = out.dtype;  // (CPU's kernel computes half types' coordinates in the half type)
+  Value input = ctx.tensor("input"), grid = ctx.tensor("grid");
+  if (input.rank() != 4 || grid.rank() != 4 || grid.shape()[3] != 2 || grid.shape()[0] != input.shape()[0])
+    ctx.fail("grid_sampler(): expected 4D input and grid of shape [N, H_out, W_out, 2] with input's batch size");
+  int64_t n = input.shape()[0], c = input.shape()[1], h = input.shape()[2], w = input.shape()[3];
+  if (h == 0 || w == 0) ctx.fail("grid_sampler(): expected input to have non-empty spatial dimensions");
+  if (out.numel() == 0) return {b.zeros(out)};
+  int64_t mode = ctx.to_int("interpolation_mode", 0), padding = ctx.to_int("padding_mode", 0);
+  Value x = b.convert(input, dt);
+  Value table = b.reshape(b.transpose(x, {0, 2, 3, 1}), {n * h * w, c});
+  Shape o{n, grid.shape()[1], grid.shape()[2]};
+  Sampler s{b, table, n, c, h, w, o, int(padding), ctx.to_bool("align_corners", false)};
+  Value g = b.convert(grid, dt);
+  auto coord = [&](int64_t i) { return b.reshape(b.slice(g, {0, 0, 0, i}, {n, o[1], o[2], i + 1}), o); };
+  Value gx = s.unnormalize(coord(0), w), gy = s.unnormalize(coord(1), h);
+  Value acc{};
+  if (mode == 2) {
+    // bicubic: padding applied to each tap (get_value_bounded); each row
+    // interpolated along x, then the rows along y, summed in CPU's order.
+    Value x0 = b.unary("floor", gx), y0 = b.unary("floor", gy);
+    auto wx = cubic_weights(s, s.sub(gx, x0)), wy = cubic_weights(s, s.sub(gy, y0));
+    auto interp = [&](const std::vector<Value>& v, const std::vector<Value>& wt) {
+      Value r = b.binary("multiply", v[0], s.spread(wt[0]));
+      for (int i = 1; i < 4; ++i) r = b.binary("add", r, b.binary("multiply", v[i], s.spread(wt[i])));
+      return r;
+    };
+    std::vector<Value> rows;
+    for (int j = 0; j < 4; ++j) {
+      std::vector<Value> v;
+      for (int i = 0; i < 4; ++i) v.push_back(s.bounded(s.pad(s.add(x0, s.k(i - 1)), w), s.pad(s.add(y0, s.k(j - 1)), h)));
+      rows.push_back(interp(v, wx));
+    }
+    acc = interp(rows, wy);
+  } else {
+    gx = s.pad(gx, w);
+    gy = s.pad(gy, h);
+    if (mode == 1) {  // nearest, halves to even (nearbyint)
+      acc = s.tap(acc, b.unary("round_nearest_even", gx), b.unary("round_nearest_even", gy), s.k(1));
+    } else {  // bilinear
+      Value xw = b.unary("floor", gx), yn = b.unary("floor", gy);
+      Value xe = s.add(xw, s.k(1)), ys = s.add(yn, s.k(1));
+      Value dxe = s.sub(xe, gx), dxw = s.sub(gx, xw), dys = s.sub(ys, gy), dyn = s.sub(gy, yn);
+      acc = s.tap(acc, xw, yn, s.mul(dxe, dys));
+      acc = s.tap(acc, xe, yn, s.mul(dxw, dys));
+      acc = s.tap(acc, xw, ys, s.mul(dxe, dyn));
+      acc = s.tap(acc, xe, ys, s.mul(dxw, dyn));
+    }
+  }
+  return {b.convert(b.transpose(acc, {0, 3, 1, 2}), out.dtype)};  // [N, C, Ho, Wo]
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("grid_sampler_2d", grid_sampler_2d);
+
+}  // namespace torch_pjrt::lowering::ops
