@@ -1,7 +1,8 @@
 """Ops that ran on the CPU fallback before: inverse trig/hyperbolic, the gamma
 family, log2/exp2 and friends, binary math (atan2, hypot, logaddexp, fmax,
 copysign, ...), shrink/PReLU, nansum, count_nonzero, aminmax, cummax/cummin,
-take/put and cross. Lowered (no CPU fallback) and equal to PyTorch on CPU,
+take/put, cross, unfold/fold, searchsorted/bucketize, grid_sample, Cholesky and
+triangular solves. Lowered (no CPU fallback) and equal to PyTorch on CPU,
 special values and signed zeros included."""
 import math
 
@@ -474,3 +475,69 @@ def test_grid_sample_bad_input_raises_like_cpu():
             F.grid_sample(torch.zeros(x), torch.zeros(g), align_corners=False)
         with pytest.raises(RuntimeError, match="grid_sampler"):
             F.grid_sample(torch.zeros(x, device="tpu"), torch.zeros(g, device="tpu"), align_corners=False).cpu()
+
+
+def _spd(batch=(3,), n=4, seed=29):
+    m = make(batch + (n, n), seed=seed)
+    return m @ m.transpose(-1, -2) + n * torch.eye(n)
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_and_its_gradient(upper, lowered):
+    a = _spd()
+    c, t = torch.linalg.cholesky_ex(a, upper=upper), torch.linalg.cholesky_ex(tpu(a), upper=upper)
+    assert_same(t.L, c.L)
+    assert_same(t.info, c.info)
+    assert_same(torch.cholesky(tpu(a[0]), upper=upper), torch.cholesky(a[0], upper=upper))
+    ac, at = a.clone().requires_grad_(), tpu(a).requires_grad_()
+    torch.linalg.cholesky(ac, upper=upper).square().sum().backward()
+    torch.linalg.cholesky(at, upper=upper).square().sum().backward()
+    assert_same(at.grad, ac.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_cholesky_of_a_matrix_that_is_not_positive_definite():
+    a = _spd()
+    a[1] = torch.tensor([[1.0, 2, 0, 0], [2, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+    info = torch.linalg.cholesky_ex(tpu(a)).info.cpu()
+    # Non-zero exactly where CPU's is (its order may be earlier: docs in linalg.cpp).
+    assert torch.equal(info != 0, torch.linalg.cholesky_ex(a).info != 0)
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        torch.linalg.cholesky(tpu(a)).cpu()
+    with pytest.raises(RuntimeError, match="not positive-definite"):
+        torch.cholesky(tpu(a[1])).cpu()
+
+
+@pytest.mark.parametrize("unit", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("upper", [False, True])
+def test_solve_triangular(upper, left, unit, lowered):
+    factor = torch.linalg.cholesky(_spd())
+    a = factor.transpose(-1, -2) if upper else factor
+    b = make((3, 4, 2), seed=30)
+    b = b if left else b.transpose(-1, -2)
+    kw = dict(upper=upper, left=left, unitriangular=unit)
+    assert_same(torch.linalg.solve_triangular(tpu(a), tpu(b), **kw), torch.linalg.solve_triangular(a, b, **kw))
+    assert_same(torch.linalg.solve_triangular(tpu(a[0]), tpu(b), **kw), torch.linalg.solve_triangular(a[0], b, **kw))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("upper", [False, True])
+def test_triangular_solve_cholesky_solve_and_inverse(upper, transpose, lowered):
+    factor = torch.linalg.cholesky(_spd())
+    a = factor.transpose(-1, -2) if upper else factor
+    b = make((3, 4, 2), seed=31)
+    assert_same(torch.triangular_solve(tpu(b), tpu(a), upper=upper, transpose=transpose),
+                torch.triangular_solve(b, a, upper=upper, transpose=transpose))
+    assert_same(torch.cholesky_solve(tpu(b), tpu(a), upper=upper), torch.cholesky_solve(b, a, upper=upper),
+                rtol=1e-4, atol=1e-5)
+    assert_same(torch.cholesky_inverse(tpu(a[0]), upper=upper), torch.cholesky_inverse(a[0], upper=upper),
+                rtol=1e-4, atol=1e-5)
+
+
+def test_multivariate_normal_runs_on_the_device(lowered):
+    from torch.distributions import MultivariateNormal
+    cov, mu, x = _spd()[0], make((4,), seed=32), make((5, 4), seed=33)
+    c, t = MultivariateNormal(mu, cov), MultivariateNormal(tpu(mu), tpu(cov))
+    assert_same(t.log_prob(tpu(x)), c.log_prob(x), rtol=1e-5, atol=1e-5)
+    assert_same(t.entropy(), c.entropy())
+    assert t.rsample((3,)).shape == (3, 4)

@@ -1,0 +1,170 @@
+// Cholesky factorization and triangular solves, through StableHLO's cholesky
+// and triangular_solve (XLA expands them on every backend): linalg_cholesky_ex,
+// cholesky, linalg_solve_triangular, triangular_solve, _cholesky_solve_helper
+// (cholesky_solve) and cholesky_inverse. Real dtypes (complex ones take the
+// CPU fallback); half types in float32. Where the input is not positive-
+// definite, `info` is non-zero as on CPU, but it may name an earlier order
+// than LAPACK's: XLA's blocked factorization gives NaN for a whole block where
+// LAPACK stops at the first failing leading minor (L's entries differ there too).
+#include <string>
+
+#include "lowering/ops/common.h"
+
+namespace torch_pjrt::lowering::ops {
+namespace {
+
+int64_t rank_of(const Value& x) { return x.rank(); }
+
+// The lower (or upper) triangle of the last two dims of x, zeros elsewhere.
+Value triangle(Builder& b, const Value& x, bool lower) {
+  int64_t r = rank_of(x);
+  TensorType it{DType::I64, x.shape()};
+  Value row = b.iota(it, r - 2), col = b.iota(it, r - 1);
+  return b.select(b.compare(lower ? Cmp::GE : Cmp::LE, row, col), x, b.zeros(x.type));
+}
+
+Value cholesky(Builder& b, const Value& x, bool lower) {
+  Value l = b.op("stablehlo.cholesky", {x}, x.type, std::string("lower = ") + (lower ? "true" : "false"));
+  return triangle(b, l, lower);
+}
+
+// X with op(a) X = rhs (left) or X op(a) = rhs, a triangular.
+Value solve(Builder& b, const Value& a, const Value& rhs, bool left, bool lower, bool unit, bool transpose) {
+  return b.op("stablehlo.triangular_solve", {a, rhs}, rhs.type,
+              std::string("left_side = ") + (left ? "true" : "false") + ", lower = " + (lower ? "true" : "false") +
+                  ", unit_diagonal = " + (unit ? "true" : "false") + ", transpose_a = #stablehlo<transpose " +
+                  (transpose ? "TRANSPOSE" : "NO_TRANSPOSE") + ">");
+}
+
+// x's last two dims kept, its batch dims broadcast to `batch`.
+Value with_batch(Builder& b, const Value& x, const Shape& batch) {
+  Shape s = batch;
+  s.insert(s.end(), x.shape().end() - 2, x.shape().end());
+  return b.broadcast_to(x, s);
+}
+
+Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+
+// info per matrix: 0, or i + 1 for the first diagonal entry of the factor
+// that is not positive (NaN included).
+Value cholesky_info(Builder& b, const Value& l) {
+  int64_t r = rank_of(l), n = l.shape().back();
+  TensorType it{DType::I64, l.shape()};
+  Value diag_mask = b.compare(Cmp::EQ, b.iota(it, r - 2), b.iota(it, r - 1));
+  Value bad = b.binary("and", diag_mask, b.unary("not", b.compare(Cmp::GT, l, b.zeros(l.type))));
+  Value order = b.binary("add", b.iota(it, r - 1), b.splat(Scalar::from_int(1), it));
+  Value cand = b.select(bad, order, b.splat(Scalar::from_int(n + 1), it));
+  Value first = b.reduce(cand, b.constant_int(n + 1, DType::I64), {r - 2, r - 1}, "stablehlo.minimum");
+  Value none = b.compare(Cmp::EQ, first, b.splat(Scalar::from_int(n + 1), first.type));
+  return b.convert(b.select(none, b.zeros(first.type), first), DType::I32);
+}
+
+void real_only(LoweringContext& ctx, DType t) {
+  if (!is_float(t)) ctx.fail(std::string("linalg: expected a floating point tensor, got ") + dtype_name(t));
+}
+
+std::vector<Value> cholesky_ex(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out(0);
+  real_only(ctx, out.dtype);
+  bool upper = ctx.to_bool("upper", false);
+  Value x = b.convert(ctx.tensor("self"), math_dtype(out.dtype));
+  if (x.type.numel() == 0) return {b.zeros(out), b.zeros(ctx.out(1))};
+  Value l = cholesky(b, x, !upper);
+  Value info = cholesky_info(b, l);
+  if (ctx.to_bool("check_errors", false))
+    ctx.check_all(b.compare(Cmp::EQ, info, b.zeros(info.type)),
+                  "linalg.cholesky: The factorization could not be completed because the input is not "
+                  "positive-definite.", LoweringContext::CheckError::Runtime);
+  return {b.convert(l, out.dtype), b.reshape(info, ctx.out(1).shape)};
+}
+
+// cholesky(self, upper) (deprecated): the factor; raises where CPU does.
+std::vector<Value> cholesky_op(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  real_only(ctx, out.dtype);
+  Value x = b.convert(ctx.tensor("self"), math_dtype(out.dtype));
+  if (x.type.numel() == 0) return {b.zeros(out)};
+  Value l = cholesky(b, x, !ctx.to_bool("upper", false));
+  Value info = cholesky_info(b, l);
+  ctx.check_all(b.compare(Cmp::EQ, info, b.zeros(info.type)),
+                "cholesky: The factorization could not be completed because the input is not positive-definite.",
+                LoweringContext::CheckError::Runtime);
+  return {b.convert(l, out.dtype)};
+}
+
+std::vector<Value> solve_triangular(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  real_only(ctx, out.dtype);
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType dt = math_dtype(out.dtype);
+  Shape batch = batch_of(out.shape);
+  Value a = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
+  Value rhs = with_batch(b, b.convert(ctx.tensor("B"), dt), batch);
+  Value x = solve(b, a, rhs, ctx.to_bool("left", true), !ctx.to_bool("upper", false),
+                  ctx.to_bool("unitriangular", false), false);
+  return {b.convert(x, out.dtype)};
+}
+
+// triangular_solve(self=B, A, upper, transpose, unitriangular) ->
+// (solution of op(A) X = B, A broadcast).
+std::vector<Value> triangular_solve(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out(0);
+  real_only(ctx, out.dtype);
+  DType dt = math_dtype(out.dtype);
+  Shape batch = batch_of(out.shape);
+  Value a = with_batch(b, b.convert(ctx.tensor("A"), dt), batch);
+  Value rhs = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
+  Value coefficient = b.convert(b.broadcast_to(ctx.tensor("A"), ctx.out(1).shape), ctx.out(1).dtype);
+  if (out.numel() == 0) return {b.zeros(out), coefficient};
+  Value x = solve(b, a, rhs, true, !ctx.to_bool("upper", true), ctx.to_bool("unitriangular", false),
+                  ctx.to_bool("transpose", false));
+  return {b.convert(x, out.dtype), coefficient};
+}
+
+// X with A A^T X = B for A = L (lower) or U^T U X = B for A = U (upper).
+Value cholesky_solve(Builder& b, const Value& factor, const Value& rhs, bool upper) {
+  Value y = solve(b, factor, rhs, true, !upper, false, upper);
+  return solve(b, factor, y, true, !upper, false, !upper);
+}
+
+// _cholesky_solve_helper(self=B, A=factor, upper): batch dims already broadcast.
+std::vector<Value> cholesky_solve_helper(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  real_only(ctx, out.dtype);
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType dt = math_dtype(out.dtype);
+  Shape batch = batch_of(out.shape);
+  Value f = with_batch(b, b.convert(ctx.tensor("A"), dt), batch);
+  Value rhs = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
+  return {b.convert(cholesky_solve(b, f, rhs, ctx.to_bool("upper", false)), out.dtype)};
+}
+
+// cholesky_inverse(factor, upper) = (L L^T)^-1: cholesky_solve of the identity.
+std::vector<Value> cholesky_inverse(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  real_only(ctx, out.dtype);
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType dt = math_dtype(out.dtype);
+  Value f = b.convert(ctx.tensor("self"), dt);
+  int64_t r = rank_of(f);
+  TensorType it{DType::I64, f.shape()};
+  Value eye = b.convert(b.compare(Cmp::EQ, b.iota(it, r - 2), b.iota(it, r - 1)), dt);
+  return {b.convert(cholesky_solve(b, f, eye, ctx.to_bool("upper", false)), out.dtype)};
+}
+
+}  // namespace
+
+TORCH_PJRT_LOWERING("linalg_cholesky_ex", cholesky_ex);
+TORCH_PJRT_LOWERING("cholesky", cholesky_op);
+TORCH_PJRT_LOWERING("linalg_solve_triangular", solve_triangular);
+TORCH_PJRT_LOWERING("triangular_solve", triangular_solve);
+TORCH_PJRT_LOWERING("_cholesky_solve_helper", cholesky_solve_helper);
+TORCH_PJRT_LOWERING("cholesky_inverse", cholesky_inverse);
+
+}  // namespace torch_pjrt::lowering::ops
