@@ -447,3 +447,30 @@ def test_gather_from_an_empty_dim_raises_as_cpu():
     assert "compile" not in str(e.value)
     with pytest.raises(RuntimeError, match="out of bounds for dimension 1 with size 0"):
         torch.gather(x, 1, i)
+
+
+def test_mask_assignment_of_no_values_raises_where_the_mask_selects_some():
+    """x[mask] = empty: CPU raises unless the mask selects nothing (it was a silent no-op)."""
+    for dev in ("cpu", "tpu"):
+        a = torch.arange(4.0, device=dev)
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            a[a > -1] = torch.tensor([], device=dev)
+            a.cpu()
+        a = torch.arange(4.0, device=dev)
+        a[a > 10] = torch.tensor([], device=dev)
+        assert a.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_uint8_mask_warns_as_cpu():
+    import warnings
+    counts = {}
+    for dev in ("cpu", "tpu"):
+        v = torch.arange(5.0, device=dev)
+        m = torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8, device=dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            r = v[m]
+            v[m] = torch.zeros(3, device=dev)
+        counts[dev] = (sum("torch.uint8 is now deprecated" in str(x.message) for x in w), r.cpu().tolist(),
+                       v.cpu().tolist())
+    assert counts["tpu"] == counts["cpu"] and counts["cpu"][0] == 2

@@ -289,12 +289,17 @@ void with_device_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
   at::Tensor self = args[self_pos].toTensor();
   auto indices = args[idx_pos].to<c10::List<std::optional<at::Tensor>>>();
+  bool warned = false;
   for (const std::optional<at::Tensor>& e : indices) {
     if (!e.has_value() || !e->defined()) continue;
     auto st = e->scalar_type();
     // (The Meta kernel raises RuntimeError here; CPU raises IndexError.)
     TORCH_CHECK_INDEX(st == at::kLong || st == at::kInt || st == at::kByte || st == at::kBool,
                       "tensors used as indices must be long, int, byte or bool tensors");
+    if (st == at::kByte && !warned) {  // CPU's warning, once per call
+      TORCH_WARN("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.");
+      warned = true;
+    }
   }
   bool changed = false;
   c10::List<std::optional<at::Tensor>> expanded;

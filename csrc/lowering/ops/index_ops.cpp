@@ -167,7 +167,12 @@ Value masked_index_put(LoweringContext& ctx, const Value& self, int64_t p, const
   int64_t nnz_dim = static_cast<int64_t>(before.size());
   int64_t vdim = values.rank() - (static_cast<int64_t>(after.size()) + 1);  // values' dim facing nnz
   int64_t n = vdim >= 0 && vdim < values.rank() ? values.shape()[vdim] : 1;
-  if (n == 0) return b.convert(self, dt);  // no values: PyTorch requires no true entries
+  if (n == 0) {  // no values: PyTorch requires no true entries
+    if (m > 0)
+      ctx.check_all(b.unary("not", mask), "shape mismatch: value tensor of shape [0] cannot be broadcast to "
+                                          "indexing result", LoweringContext::CheckError::Runtime);
+    return b.convert(self, dt);
+  }
   result.push_back(n);
   result.insert(result.end(), after.begin(), after.end());
   Value v = b.broadcast_to(values, result);  // before + [n] + after
