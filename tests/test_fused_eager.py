@@ -754,3 +754,26 @@ def test_reused_packs_follow_the_device_a_trace_runs_on():
                     got = step(on[dev], i)
                     assert got.device == torch.device(dev)
                     assert got.item() == pytest.approx(step(base_c, i).item(), rel=1e-6), (rep, dev, i)
+
+
+def test_a_long_trace_in_a_tight_loop_is_not_compiled_at_its_second_sighting():
+    """Thousands of single-row writes in a Python loop flush at the size bound
+    with one structure each time: XLA took 80 s to compile such a trace, which
+    runs op by op in about 0.1 s. Over TORCH_PJRT_FUSED_HOT_OPS ops (512) a
+    repeating trace waits until its op-by-op runs have cost its expected compile."""
+    x = torch.zeros(700, 4, 3, device="tpu")
+    src = torch.rand(4200, 4, 3, device="tpu")
+    rows = torch.randint(700, (4200,)).tolist()  # two size-bound traces of one structure
+    expected = x.cpu().clone()
+    src_cpu = src.cpu()
+    m0 = metrics()
+    with torch_pjrt.fused():
+        for i, r in enumerate(rows):
+            x[r, :, :] = src[i, :, :]
+            expected[r, :, :] = src_cpu[i, :, :]
+    m1 = metrics()
+    assert_same(x, expected)
+    assert delta(m0, m1, "fused_flushes") >= 2
+    assert m1["fused_max_ops_per_flush"] > 512
+    assert delta(m0, m1, "fused_programs_compiled") == 0
+    assert delta(m0, m1, "fused_deferred_compiles") >= 1
