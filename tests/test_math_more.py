@@ -453,18 +453,25 @@ def test_grid_sample(mode, padding, align, lowered):
     g[0, 0, 0] = torch.tensor([1.0, -1.0])  # corners and exact pixel centres
     g[1, 2, 3] = torch.tensor([0.0, 0.0])
     kw = dict(mode=mode, padding_mode=padding, align_corners=align)
-    assert_same(F.grid_sample(tpu(x), tpu(g), **kw), F.grid_sample(x, g, **kw), rtol=1e-5, atol=1e-5)
+    xc, gc, xt, gt = x.clone().requires_grad_(), g.clone().requires_grad_(), tpu(x).requires_grad_(), tpu(g).requires_grad_()
+    c, t = F.grid_sample(xc, gc, **kw), F.grid_sample(xt, gt, **kw)
+    assert_same(t.detach(), c.detach(), rtol=1e-5, atol=1e-5)
+    w = make(tuple(c.shape), seed=34)
+    c.backward(w)
+    t.backward(tpu(w))
+    assert_same(xt.grad, xc.grad, rtol=1e-5, atol=1e-5)
+    assert_same(gt.grad, gc.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_grid_sample_dtypes_and_gradients(dtype):
+def test_grid_sample_dtypes_and_gradients(dtype, lowered):
     x = make((1, 2, 5, 5), dtype, seed=27)
     g = make((1, 3, 4, 2), dtype, low=-1.1, high=1.1, seed=28)
     assert_same(F.grid_sample(tpu(x), tpu(g), align_corners=False), F.grid_sample(x, g, align_corners=False))
     xc, gc = x.clone().requires_grad_(), g.clone().requires_grad_()
     xt, gt = tpu(x).requires_grad_(), tpu(g).requires_grad_()
     F.grid_sample(xc, gc, align_corners=True).sum().backward()
-    F.grid_sample(xt, gt, align_corners=True).sum().backward()  # (the backward op runs on the CPU fallback)
+    F.grid_sample(xt, gt, align_corners=True).sum().backward()
     assert_same(xt.grad, xc.grad)
     assert_same(gt.grad, gc.grad)
 

@@ -4,8 +4,8 @@
 // row gather from the image laid out as [N*H*W, C]; a tap outside the image
 // reads nothing (zeros padding), and its weight multiplies the value read, as
 // on CPU (so an inf under a zero weight still gives NaN there and here).
-// Computed in the input's dtype, half types too, as CPU's kernel does. The
-// backward op is not lowered (it runs on the CPU fallback).
+// Computed in the input's dtype, half types too, as CPU's kernel does; the
+// backward op likewise (grad_input scattered back tap by tap).
 #include <string>
 
 #include "lowering/ops/common.h"
@@ -43,6 +43,36 @@ struct Sampler {
     Value even = b.compare(Cmp::EQ, b.binary("remainder", flips, k(2)), k(0));
     return b.select(even, add(extra, k(lo)), add(sub(k(span), extra), k(lo)));
   }
+  // d unnormalize / d grid.
+  double unnormalize_grad(int64_t size) const { return align ? (size - 1) / 2.0 : size / 2.0; }
+  // The padded coordinate and d padded / d unpadded (PyTorch's *_set_grad:
+  // 0 where clipped, including at the clip bounds themselves; -1 where
+  // reflected an odd number of times).
+  std::pair<Value, Value> pad_with_grad(const Value& x, int64_t size) const {
+    auto clip_grad = [&](const Value& v) {
+      return b.select(b.binary("and", b.compare(Cmp::GT, v, k(0)), b.compare(Cmp::LT, v, k(double(size - 1)))), k(1),
+                      k(0));
+    };
+    if (padding == 1) return {clip(x, size), clip_grad(x)};
+    if (padding == 2) {
+      int64_t lo2 = align ? 0 : -1, hi2 = align ? 2 * (size - 1) : 2 * size - 1;
+      Value sign = k(0), r = k(0);
+      if (lo2 != hi2) {
+        double lo = lo2 / 2.0, span = (hi2 - lo2) / 2.0;
+        Value in = sub(x, k(lo));
+        Value neg = b.compare(Cmp::LT, in, k(0));
+        Value mult = b.select(neg, k(-1), k(1));
+        in = b.unary("abs", in);
+        Value extra = b.binary("remainder", in, k(span));
+        Value flips = b.unary("floor", b.binary("divide", in, k(span)));
+        Value even = b.compare(Cmp::EQ, b.binary("remainder", flips, k(2)), k(0));
+        r = b.select(even, add(extra, k(lo)), add(sub(k(span), extra), k(lo)));
+        sign = b.select(even, mult, b.unary("negate", mult));
+      }
+      return {clip(r, size), mul(sign, clip_grad(r))};
+    }
+    return {x, k(1)};
+  }
   // compute_coordinates: the padding mode applied to a source coordinate.
   Value pad(const Value& x, int64_t size) const {
     if (padding == 1) return clip(x, size);
@@ -53,13 +83,7 @@ struct Sampler {
   // The image's values at integer-valued (x, y), [N, Ho, Wo, C], and whether
   // each lies inside the image.
   std::pair<Value, Value> read(const Value& x, const Value& y) const {
-    Value inside = b.binary("and", b.binary("and", b.compare(Cmp::GE, x, k(0)), b.compare(Cmp::LE, x, k(double(w - 1)))),
-                            b.binary("and", b.compare(Cmp::GE, y, k(0)), b.compare(Cmp::LE, y, k(double(h - 1)))));
-    TensorType it{DType::I64, out};
-    auto as_int = [&](const Value& v) { return b.convert(b.select(inside, v, k(0)), DType::I64); };
-    Value batch = b.binary("multiply", b.iota(it, 0), b.splat(Scalar::from_int(h * w), it));
-    Value row = b.binary("add", batch, b.binary("add", b.binary("multiply", as_int(y), b.splat(Scalar::from_int(w), it)),
-                                                as_int(x)));
+    auto [row, inside] = locate(x, y);
     Shape rows_shape = out;
     rows_shape.push_back(c);
     Value rows = b.op("stablehlo.gather", {table, row}, TensorType{table.dtype(), rows_shape},
@@ -67,6 +91,27 @@ struct Sampler {
                       "start_index_map = [0], index_vector_dim = 3>, slice_sizes = " + i64_array({1, c}) +
                           ", indices_are_sorted = false");
     return {rows, inside};
+  }
+  // The row of (x, y) in the table (0 outside) and whether it is inside.
+  std::pair<Value, Value> locate(const Value& x, const Value& y) const {
+    Value inside = b.binary("and", b.binary("and", b.compare(Cmp::GE, x, k(0)), b.compare(Cmp::LE, x, k(double(w - 1)))),
+                            b.binary("and", b.compare(Cmp::GE, y, k(0)), b.compare(Cmp::LE, y, k(double(h - 1)))));
+    TensorType it{DType::I64, out};
+    auto as_int = [&](const Value& v) { return b.convert(b.select(inside, v, k(0)), DType::I64); };
+    Value batch = b.binary("multiply", b.iota(it, 0), b.splat(Scalar::from_int(h * w), it));
+    Value row = b.binary("add", batch, b.binary("add", b.binary("multiply", as_int(y), b.splat(Scalar::from_int(w), it)),
+                                                as_int(x)));
+    return {row, inside};
+  }
+  // grad_table[row(x, y)] += weight * grad (taps inside the image only).
+  Value scatter(const Value& grad_table, const Value& x, const Value& y, const Value& weight, const Value& grad) const {
+    auto [row, inside] = locate(x, y);
+    Value upd = b.select(spread(inside), b.binary("multiply", grad, spread(weight)), b.zeros(grad.type));
+    return b.op_multi("stablehlo.scatter", {grad_table, row, upd}, {grad_table.type},
+                      "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [3], "
+                      "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 3>, "
+                      "indices_are_sorted = false, unique_indices = false",
+                      b.binary_region(grad_table.dtype(), "stablehlo.add"))[0];
   }
   // [N, Ho, Wo] broadcast over the channels.
   Value spread(const Value& v) const {
@@ -154,8 +199,85 @@ std::vector<Value> grid_sampler_2d(LoweringContext& ctx) {
   return {b.convert(b.transpose(acc, {0, 3, 1, 2}), out.dtype)};  // [N, C, Ho, Wo]
 }
 
+// d/dt of the four cubic tap weights (PyTorch's get_cubic_coefficients_grad).
+std::vector<Value> cubic_weight_grads(const Sampler& s, const Value& t) {
+  const double a = -0.75;
+  Value x0 = s.sub(s.k(-1), t), x1 = s.sub(s.k(0), t), x2 = s.sub(s.k(1), t), x3 = s.sub(s.k(2), t);
+  return {s.sub(s.mul(s.sub(s.mul(s.k(-3 * a), x0), s.k(10 * a)), x0), s.k(8 * a)),
+          s.mul(s.sub(s.mul(s.k(-3 * (a + 2)), x1), s.k(2 * (a + 3))), x1),
+          s.mul(s.sub(s.mul(s.k(3 * (a + 2)), x2), s.k(2 * (a + 3))), x2),
+          s.add(s.mul(s.sub(s.mul(s.k(3 * a), x3), s.k(10 * a)), x3), s.k(8 * a))};
+}
+
+// grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode,
+// padding_mode, align_corners, output_mask) -> (grad_input, grad_grid): the
+// taps' weights scattered back into the image, and the weights' derivatives
+// times the values read, by the formulas of CPU's kernel.
+std::vector<Value> grid_sampler_2d_backward(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& gi_type = ctx.out(0);
+  const TensorType& gg_type = ctx.out(1);
+  Value input = ctx.tensor("input"), grid = ctx.tensor("grid");
+  DType dt = input.dtype();
+  int64_t n = input.shape()[0], c = input.shape()[1], h = input.shape()[2], w = input.shape()[3];
+  Shape o{n, grid.shape()[1], grid.shape()[2]};
+  if (numel(o) == 0 || c == 0 || h == 0 || w == 0)
+    return {b.zeros({dt, input.shape()}), b.zeros({grid.dtype(), grid.shape()})};
+  int64_t mode = ctx.to_int("interpolation_mode", 0), padding = ctx.to_int("padding_mode", 0);
+  Value table = b.reshape(b.transpose(input, {0, 2, 3, 1}), {n * h * w, c});
+  Sampler s{b, table, n, c, h, w, o, int(padding), ctx.to_bool("align_corners", false)};
+  Value go = b.transpose(b.convert(ctx.tensor("grad_output"), dt), {0, 2, 3, 1});  // [N, Ho, Wo, C]
+  Value g = b.convert(grid, dt);
+  auto coord = [&](int64_t i) { return b.reshape(b.slice(g, {0, 0, 0, i}, {n, o[1], o[2], i + 1}), o); };
+  Value ix = s.unnormalize(coord(0), w), iy = s.unnormalize(coord(1), h);
+  Value mx = s.k(s.unnormalize_grad(w)), my = s.k(s.unnormalize_grad(h));
+  Value gtable = b.zeros(table.type);
+  auto channel_sum = [&](const Value& v) { return b.reduce(v, b.constant(0.0, dt), {3}, "stablehlo.add"); };
+  Value gix = s.k(0), giy = s.k(0);
+  if (mode == 2) {
+    Value x0 = b.unary("floor", ix), y0 = b.unary("floor", iy);
+    Value tx = s.sub(ix, x0), ty = s.sub(iy, y0);
+    auto wx = cubic_weights(s, tx), wy = cubic_weights(s, ty);
+    auto dwx = cubic_weight_grads(s, tx), dwy = cubic_weight_grads(s, ty);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) {
+        Value px = s.pad(s.add(x0, s.k(i - 1)), w), py = s.pad(s.add(y0, s.k(j - 1)), h);
+        gtable = s.scatter(gtable, px, py, s.mul(wx[i], wy[j]), go);
+        Value vg = channel_sum(b.binary("multiply", s.bounded(px, py), go));
+        gix = s.sub(gix, s.mul(vg, s.mul(dwx[i], wy[j])));
+        giy = s.sub(giy, s.mul(vg, s.mul(dwy[j], wx[i])));
+      }
+  } else {
+    auto [px, dpx] = s.pad_with_grad(ix, w);
+    auto [py, dpy] = s.pad_with_grad(iy, h);
+    mx = s.mul(mx, dpx);
+    my = s.mul(my, dpy);
+    if (mode == 1) {
+      gtable = s.scatter(gtable, b.unary("round_nearest_even", px), b.unary("round_nearest_even", py), s.k(1), go);
+    } else {
+      Value xw = b.unary("floor", px), yn = b.unary("floor", py);
+      Value xe = s.add(xw, s.k(1)), ys = s.add(yn, s.k(1));
+      Value dxe = s.sub(xe, px), dxw = s.sub(px, xw), dys = s.sub(ys, py), dyn = s.sub(py, yn);
+      gtable = s.scatter(gtable, xw, yn, s.mul(dxe, dys), go);
+      gtable = s.scatter(gtable, xe, yn, s.mul(dxw, dys), go);
+      gtable = s.scatter(gtable, xw, ys, s.mul(dxe, dyn), go);
+      gtable = s.scatter(gtable, xe, ys, s.mul(dxw, dyn), go);
+      auto vg = [&](const Value& x, const Value& y) { return channel_sum(b.binary("multiply", s.bounded(x, y), go)); };
+      Value nw = vg(xw, yn), ne = vg(xe, yn), sw = vg(xw, ys), se = vg(xe, ys);
+      gix = s.add(s.sub(s.mul(s.sub(ne, nw), dys), s.mul(sw, dyn)), s.mul(se, dyn));
+      giy = s.add(s.sub(s.sub(s.mul(sw, dxe), s.mul(nw, dxe)), s.mul(ne, dxw)), s.mul(se, dxw));
+    }
+  }
+  Value gi = b.transpose(b.reshape(gtable, {n, h, w, c}), {0, 3, 1, 2});
+  Shape o1 = o;
+  o1.push_back(1);
+  Value gg = b.concatenate({b.reshape(s.mul(mx, gix), o1), b.reshape(s.mul(my, giy), o1)}, 3);
+  return {b.convert(gi, gi_type.dtype), b.convert(gg, gg_type.dtype)};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("grid_sampler_2d", grid_sampler_2d);
+TORCH_PJRT_LOWERING("grid_sampler_2d_backward", grid_sampler_2d_backward);
 
 }  // namespace torch_pjrt::lowering::ops
