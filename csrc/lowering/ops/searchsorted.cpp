@@ -57,8 +57,7 @@ std::vector<Value> search(LoweringContext& ctx, const char* seq_name, const char
   const TensorType& out = ctx.out();
   DType dt = compute_dtype(ctx, seq_name, values_name);
   Value seq = b.convert(ctx.tensor(seq_name), dt);
-  Value v = ctx.find(values_name)->kind == Arg::Tensor ? b.convert(ctx.tensor(values_name), dt)
-                                                        : b.constant(ctx.scalar(values_name), dt);
+  Value v = ctx.operand(values_name, dt);  // (a Scalar value is a runtime input)
   if (seq.rank() == 0) ctx.fail("torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
                                 "dimensions of boundaries tensor and input value tensor must match");
   if (seq.shape().back() == 0 || v.type.numel() == 0) return {b.zeros(out)};
