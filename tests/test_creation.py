@@ -167,3 +167,30 @@ def test_first_arange_with_float_bounds_prints_no_warning():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[0.0, 1.0, 2.0, 3.0] [1.0, 1.5, 2.0, 2.5]"
     assert "Warning" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("case", ["narrow", "square", "transposed", "fewer", "linspace_square", "linspace_narrow"])
+def test_range_out_of_as_many_elements_keeps_its_shape_as_cpu(case):
+    """CPU's arange_out/linspace_out resize only on another element count; the
+    Meta kernels resized to 1-d, which wrote a narrowed out= into the wrong
+    elements of its base."""
+    def run(d):
+        base = torch.zeros(2, 3, device=d) if "narrow" in case else torch.zeros(2, 2, device=d)
+        out = {"narrow": lambda: base.narrow(1, 1, 2), "linspace_narrow": lambda: base.narrow(1, 1, 2),
+               "transposed": lambda: base.t()}.get(case, lambda: base)()
+        if case == "fewer":
+            out = torch.zeros(3, device=d)
+            r = torch.arange(0, 5, out=out)
+        elif case.startswith("linspace"):
+            r = torch.linspace(0, 1, 4, out=out)
+        else:
+            r = torch.arange(0, 4, out=out)
+        assert r is out
+        return base.cpu(), out.cpu()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (CPU warns when it resizes "fewer")
+        expected = run("cpu")
+        actual = run("tpu")
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and torch.equal(a, e), (a, e)

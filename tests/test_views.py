@@ -151,3 +151,28 @@ def test_full_and_no_overlap_in_one_storage_still_run():
         fn(x)
         fn(xt)
         assert_same(xt, x)
+
+
+def test_copy_between_views_with_the_same_lazy_bits():
+    """neg(dst) = neg(src) writes src's raw values: equal neg/conj bits cancel."""
+    for d in ("cpu", "tpu"):
+        src = torch.tensor([1.0, 2.0, 3.0], device=d)
+        dst = torch.zeros(3, device=d)
+        dst._neg_view().copy_(src._neg_view())
+        c = torch.tensor([1 + 2j, 3 - 1j], device=d)
+        e = torch.zeros(2, dtype=torch.complex64, device=d)
+        e.conj().copy_(c.conj())
+        f = torch.zeros(2, dtype=torch.complex64, device=d)
+        f.conj().copy_(c)
+        got = (dst.cpu().tolist(), e.cpu().tolist(), f.cpu().tolist())
+        if d == "cpu":
+            expected = got
+    assert got == expected
+
+
+def test_is_set_to():
+    t1 = torch.empty(3, 4, device="tpu")
+    t3 = torch.tensor([], device="tpu").set_(t1)
+    assert t1.is_set_to(t3) and t3.is_set_to(t1)
+    assert not t1.is_set_to(torch.empty(3, 4, device="tpu"))
+    assert not t1.is_set_to(t1.view(4, 3))

@@ -140,8 +140,9 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     return self;
   }
   if (dst_tpu && src_tpu && self.device() == src.device() &&
-      (self.is_conj() != src.is_conj() || self.is_neg() != src.is_neg())) {
-    // Lazy conj/neg bits that differ: self's raw values from src's, no bits either side.
+      (self.is_conj() || src.is_conj() || self.is_neg() || src.is_neg())) {
+    // Lazy conj/neg bits on either side: self's raw values from src's, no bits
+    // either side (equal bits cancel: neg(dst) = neg(src) writes src's raw values).
     at::Tensor v = src.is_conj() ? src.conj() : src, raw = self.is_conj() ? self.conj() : self;
     if (v.is_neg()) v = v._neg_view();
     if (raw.is_neg()) raw = raw._neg_view();
@@ -410,6 +411,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_.source_Storage", set_storage_only);
   m.impl("set_", set_empty);
+  m.impl("is_set_to", at::native::is_set_to);  // (the CPU fallback compared host copies)
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -100,6 +100,11 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_ali
   return aliases;
 }
 
+// arange/linspace out= forms (their lowerings lay a 1-d sequence out in any shape).
+bool sequence_out(const c10::FunctionSchema& schema) {
+  return schema.name() == "aten::arange" || schema.name() == "aten::linspace";
+}
+
 // PyTorch's own shape, dtype and error checks, on meta tensors; out= tensors
 // are resized to what the meta kernel made of them.
 torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
@@ -107,11 +112,12 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   const auto& sargs = op.schema().arguments();
   torch::jit::Stack meta_stack;
   for (const auto& v : args) meta_stack.push_back(to_meta(v));
-  if (dry) {
+  if (dry || sequence_out(op.schema())) {
     // A dry run (another value's probe, a validity check) must not resize a
     // full out= tensor: PyTorch's Python meta kernels warn that resizing one
     // is deprecated. Empty outs resize silently; the sizes they get are
-    // compared with the real outs' below all the same.
+    // compared with the real outs' below all the same. (CPU's arange_out and
+    // linspace_out resize without that warning.)
     for (size_t i = 0; i < sargs.size() && i < meta_stack.size(); ++i)
       if (sargs[i].kwarg_only() && is_write(sargs[i]) && meta_stack[i].isTensor() &&
           meta_stack[i].toTensor().defined())
@@ -152,6 +158,20 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
       if (inst.slots[k].arg_index == static_cast<int>(i)) s = static_cast<int>(k);
     if (s < 0) continue;
     const at::Tensor& m = meta_args[i].toTensor();
+    const at::Tensor& given = inst.slots[s].tensor;
+    if (m.sizes() != given.sizes() && m.numel() == given.numel() && sequence_out(op.schema())) {
+      // arange/linspace(out=) of as many elements: CPU keeps out's shape
+      // (the Meta kernels resize it to 1-d); the result takes out's shape.
+      at::Tensor shaped = at::empty(given.sizes(), m.options());
+      for (auto& v : meta_stack)
+        if (v.isTensor() && v.toTensor().is_same(m)) v = shaped;
+      continue;
+    }
+    if (!dry && m.numel() != given.numel() && given.numel() > 0 && op.schema().name() == "aten::arange")
+      TORCH_WARN("The number of elements in the out tensor of shape ", given.sizes(), " is ", given.numel(),
+                 " which does not match the computed number of elements ", m.numel(),
+                 ". Note that this may occur as a result of rounding error. The out tensor will be resized to a "
+                 "tensor of shape (", m.numel(), ",).");
     if (m.sizes() != inst.slots[s].tensor.sizes()) {
       // An in-place op's self is never resized, nor is an out= tensor that is
       // also an input (CPU's TensorIterator check). Some Python meta kernels

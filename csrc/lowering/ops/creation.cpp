@@ -16,9 +16,8 @@ DType cpu_acc_type(DType t) {
 }
 
 // arange(start, end, step): start + i * step in the accumulation type.
-std::vector<Value> arange(LoweringContext& ctx) {
+std::vector<Value> arange(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
-  const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
   DType acc = cpu_acc_type(out.dtype);
   Value i = b.iota(TensorType{acc, out.shape}, 0);
@@ -49,9 +48,8 @@ Value fma_f64(Builder& b, const Value& x, const Value& i, const Value& c) {
 // for the second, step in the output type (double for integers). Its CPU
 // kernel, as compiled, fuses each product-sum (one rounding); half types go
 // through c10::Half operators instead, rounding after every operation.
-std::vector<Value> linspace(LoweringContext& ctx) {
+std::vector<Value> linspace(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
-  const TensorType& out = ctx.out();
   int64_t n = out.numel();
   if (n == 0) return {b.zeros(out)};
   bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
@@ -101,6 +99,16 @@ std::vector<Value> linspace(LoweringContext& ctx) {
   return {b.select(first, lo, hi)};
 }
 
+// Computed as a 1-d sequence, then laid out row-major in the result: an out=
+// tensor of another shape but as many elements keeps its shape, as CPU's
+// arange_out/linspace_out resize only on a different count (plan_build.cpp).
+template <std::vector<Value> (*Fn)(LoweringContext&, const TensorType&)>
+std::vector<Value> sequence(LoweringContext& ctx) {
+  const TensorType& out = ctx.out();
+  TensorType flat{out.dtype, {out.numel()}};
+  return {ctx.b.reshape(Fn(ctx, flat)[0], out.shape)};
+}
+
 std::vector<Value> eye(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
@@ -110,8 +118,8 @@ std::vector<Value> eye(LoweringContext& ctx) {
 
 }  // namespace
 
-TORCH_PJRT_LOWERING("arange", arange);
-TORCH_PJRT_LOWERING("linspace", linspace);
+TORCH_PJRT_LOWERING("arange", sequence<arange>);
+TORCH_PJRT_LOWERING("linspace", sequence<linspace>);
 TORCH_PJRT_LOWERING("eye", eye);
 
 }  // namespace torch_pjrt::lowering::ops
