@@ -474,3 +474,27 @@ def test_uint8_mask_warns_as_cpu():
         counts[dev] = (sum("torch.uint8 is now deprecated" in str(x.message) for x in w), r.cpu().tolist(),
                        v.cpu().tolist())
     assert counts["tpu"] == counts["cpu"] and counts["cpu"][0] == 2
+
+
+OVERLAPPING = {
+    "index_add_ index": lambda d: (lambda i: i.index_add_(0, i, i.clone()))(torch.tensor([2, 1, 0], device=d)),
+    "index_add_ source": lambda d: (lambda x: x.index_add_(0, torch.tensor([0, 1, 2], device=d), x))(
+        torch.arange(3.0, device=d)),
+    "index_copy_": lambda d: (lambda i: i.index_copy_(0, i, i.clone()))(torch.tensor([2, 1, 0], device=d)),
+    "index_fill_": lambda d: (lambda i: i.index_fill_(0, i, 1))(torch.tensor([2, 1, 0], device=d)),
+    "index_put_": lambda d: (lambda i: i.index_put_((i,), i.clone()))(torch.tensor([2, 1, 0], device=d)),
+    "put_": lambda d: (lambda i: i.put_(i, i.clone()))(torch.tensor([2, 1, 0], device=d)),
+    "scatter_": lambda d: (lambda s: s.scatter_(0, torch.tensor([2, 1, 0], device=d), s))(torch.arange(3.0, device=d)),
+    "scatter_add_": lambda d: (lambda i: i.scatter_add_(0, i, i.clone()))(torch.tensor([2, 1, 0], device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERLAPPING))
+def test_in_place_index_op_whose_self_overlaps_an_input_raises_as_cpu(name):
+    """CPU asserts no overlap at all between self and index/source (not only a
+    partial one): the op would read what it writes."""
+    fn = OVERLAPPING[name]
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        fn("cpu")
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        fn("tpu").cpu()

@@ -259,6 +259,9 @@ struct OpStatic {
   // nansum(x, dim=[]) reduces every dim on CPU, but PyTorch's Meta function
   // (which gives the lowering its result shape) reduces none: CPU computes it.
   bool empty_dims_mean_all = false;
+  // In-place index ops whose self may not overlap its index or source at all
+  // (CPU's assert_no_overlap: i.index_add_(0, i, i.clone()) raises).
+  bool self_apart_from_inputs = false;
   const lowering::LoweringInfo* info = nullptr;
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
 };
@@ -284,6 +287,11 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   st->display = op_display_name(schema);
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
   st->empty_dims_mean_all = st->base == "nansum";
+  static const std::set<std::string> apart = {"index_add", "index_copy", "index_fill", "index_put",
+                                              "_index_put_impl", "put", "scatter", "scatter_add"};
+  const auto& a0 = schema.arguments();
+  st->self_apart_from_inputs = apart.count(st->base) && !a0.empty() && a0[0].name() == "self" &&
+                               a0[0].alias_info() && a0[0].alias_info()->isWrite();
   slot = std::move(st);
   return *slot;
 }
@@ -318,6 +326,18 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   runtime::OpLabel label(display);
   const lowering::LoweringInfo* info = st.info;
   if (info && !lowering_handles_dtypes(base, args, schema)) info = nullptr;
+  if (st.self_apart_from_inputs && args[0].isTensor()) {
+    const at::Tensor& self = args[0].toTensor();
+    auto apart_from = [&](const at::Tensor& t) {
+      if (t.defined() && t.device() == self.device()) at::assert_no_overlap(self, t);
+    };
+    for (size_t i = 1; i < nargs; ++i) {
+      if (args[i].isTensor()) apart_from(args[i].toTensor());
+      else if (args[i].isList())
+        for (const c10::IValue& e : args[i].toListRef())
+          if (e.isTensor()) apart_from(e.toTensor());
+    }
+  }
   if (info && st.empty_dims_mean_all && nargs > 1 && args[0].isTensor() && args[0].toTensor().dim() > 0 &&
       args[1].isIntList() && args[1].toIntList().empty())
     info = nullptr;
