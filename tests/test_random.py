@@ -305,3 +305,32 @@ def test_multinomial_bad_probabilities_raise_like_cpu(probs, kwargs):
         torch.multinomial(torch.tensor(probs), n)
     with pytest.raises(type(cpu.value)):
         torch.multinomial(tpu(torch.tensor(probs)), n).cpu()
+
+
+BAD_RANDOM = {
+    "int8 random_ from below": (lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(-200, 5), RuntimeError),
+    "int8 random_ to above": (lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(1000), RuntimeError),
+    "bool random_ to above": (lambda d: torch.empty(3, dtype=torch.bool, device=d).random_(0, 5), RuntimeError),
+    "uniform_ to inf": (lambda d: torch.empty(2, device=d).uniform_(0, float("inf")), RuntimeError),
+    "uniform_ span over max": (lambda d: torch.empty(2, device=d).uniform_(-3e38, 3e38), RuntimeError),
+    "rand of int64": (lambda d: torch.rand(2, dtype=torch.int64, device=d), NotImplementedError),
+    "normal of a negative std tensor": (lambda d: torch.normal(0.0, torch.tensor([-1.0], device=d)), RuntimeError),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_RANDOM))
+def test_random_op_argument_checks_as_cpu(name):
+    """CPU's DistributionTemplates checks (bounds of the dtype, a finite range,
+    integer dtypes for uniform_, a tensor std >= 0): they were silent on tpu."""
+    fn, error = BAD_RANDOM[name]
+    with pytest.raises(error):
+        fn("cpu")
+    with pytest.raises(error):
+        fn("tpu").cpu()
+
+
+def test_random_bounds_at_the_edges_of_the_dtype_still_run():
+    for dtype, lo, hi in [(torch.int8, -128, 128), (torch.uint8, 0, 256), (torch.bool, 0, 2),
+                          (torch.int64, -2**63, 2**63 - 1)]:
+        r = torch.empty(1000, dtype=dtype, device="tpu").random_(lo, hi).cpu()
+        assert r.dtype == dtype and int(r.min()) >= lo and int(r.max()) < hi

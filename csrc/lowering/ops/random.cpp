@@ -54,15 +54,41 @@ Value uniform01(LoweringContext& ctx, int64_t count, DType out) {
   return b.binary("multiply", f, b.splat(Scalar::from_float(std::ldexp(1.0, -d)), f.type));
 }
 
+// The values of dtype t, as doubles (CPU's bounds of random ops' arguments).
+std::pair<double, double> bounds(DType t) {
+  switch (t) {
+    case DType::F16: return {-65504.0, 65504.0};
+    case DType::BF16: return {-3.3895313892515355e38, 3.3895313892515355e38};
+    case DType::F32: return {-double(std::numeric_limits<float>::max()), double(std::numeric_limits<float>::max())};
+    case DType::F64: return {-std::numeric_limits<double>::max(), std::numeric_limits<double>::max()};
+    case DType::Bool: return {0.0, 1.0};
+    default: return integer_range(t);
+  }
+}
+
+// CPU's CHECK_OUT_OF_BOUNDS (DistributionTemplates.h), before its kernel.
+void check_bound(LoweringContext& ctx, double v, const char* name, DType t) {
+  auto [lo, hi] = bounds(t);
+  if (!(v >= lo && v <= hi)) ctx.fail(std::string(name) + " is out of bounds for " + dtype_name(t));
+}
+
 std::vector<Value> uniform(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  if (out.numel() == 0) return {b.zeros(out)};
+  // PyTorch checks these in the device kernel, after its Meta kernel.
+  if (!is_float(out.dtype))
+    ctx.not_implemented(std::string("\"check_uniform_bounds\" not implemented for '") + dtype_name(out.dtype) + "'");
   double from = ctx.to_double("from", 0.0), to = ctx.to_double("to", 1.0);
-  // PyTorch checks this in the device kernel, after its Meta kernel.
+  check_bound(ctx, from, "from", out.dtype);
+  check_bound(ctx, to, "to", out.dtype);
   if (!(from <= to))
     ctx.fail("uniform_ expects to return a [from, to) range, but found from=" + std::to_string(from) +
              " > to=" + std::to_string(to));
+  if (!(to - from <= bounds(out.dtype).second))
+    ctx.fail(std::string("uniform_ expects to-from <= std::numeric_limits<") + dtype_name(out.dtype) +
+             ">::max(), but found to=" + std::to_string(to) + " and from=" + std::to_string(from) +
+             " which result in to-from to exceed the limit");
+  if (out.numel() == 0) return {b.zeros(out)};
   Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
   Value r = b.binary("add", b.binary("multiply", u, b.splat(Scalar::from_float(to - from), u.type)),
                      b.splat(Scalar::from_float(from), u.type));
@@ -96,6 +122,9 @@ std::vector<Value> normal(LoweringContext& ctx) {
   Value z = standard_normal(ctx, out);
   Value mean = operand_as(ctx, "mean", z.dtype(), out.shape);
   Value stdv = operand_as(ctx, "std", z.dtype(), out.shape);
+  if (ctx.arg("std").kind == Arg::Tensor)  // (a float std is checked before the kernel)
+    ctx.check_all(b.compare(Cmp::GE, stdv, splat_like(b, 0, stdv)), "normal expects all elements of std >= 0.0",
+                  LoweringContext::CheckError::Runtime);
   return {b.binary("add", b.binary("multiply", z, stdv), mean)};
 }
 
@@ -140,6 +169,10 @@ std::vector<Value> random(LoweringContext& ctx) {
     if (from >= to)
       ctx.fail("random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
                " >= to=" + std::to_string(to));
+    if (out.dtype != DType::U64) {  // CPU's check_from_to_in_range
+      check_bound(ctx, double(from), "from", out.dtype);
+      check_bound(ctx, double(to - 1), "to - 1", out.dtype);
+    }
     range = uint64_t(to) - uint64_t(from);
   } else {
     range = uint64_t(default_to_inclusive(out.dtype)) - uint64_t(from) + 1;
