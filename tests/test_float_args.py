@@ -429,6 +429,8 @@ def hand_calls():
         Call("special_xlog1py.other_scalar", dict(self=x, other=0.5)),
         Call("special_xlog1py.self_scalar", dict(self=0.5, other=_pos((3, 4)))),
         Call("copysign.Scalar", dict(self=x, other=0.5)),
+        Call("searchsorted.Scalar", dict(sorted_sequence=torch.tensor([-2.0, 0.0, 1.0]), self=0.5)),
+        Call("bucketize.Scalar", dict(self=0.5, boundaries=torch.tensor([-2.0, 0.0, 1.0]))),
         *[Call(f"{op}.Scalar", dict(self=x, other=0.5)) for op in ("eq", "ne", "lt", "le", "gt", "ge")],
         Call("clamp", dict(self=x, min=-0.5, max=1.0)),
         Call("clamp_min", dict(self=x, min=0.5)),

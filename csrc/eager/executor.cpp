@@ -286,6 +286,10 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   }
   st->display = op_display_name(schema);
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
+  // An overload whose Meta kernel PyTorch got wrong, so no plan can be made,
+  // takes the CPU fallback (torch 2.13: bucketize.Scalar's Python meta
+  // function has no out= argument).
+  if (st->display == "aten::bucketize.Scalar_out") st->info = nullptr;
   st->empty_dims_mean_all = st->base == "nansum";
   static const std::set<std::string> apart = {"index_add", "index_copy", "index_fill", "index_put",
                                               "_index_put_impl", "put", "scatter", "scatter_add"};
