@@ -60,17 +60,6 @@ BINARY = {
 }
 
 
-@pytest.fixture
-def lowered():
-    """Fails the test if any op ran through the CPU fallback."""
-    import torch_pjrt
-    before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
-    yield
-    after = torch_pjrt.metrics()["cpu_fallbacks"]
-    fell_back = sorted(op for op, n in after.items() if n != before.get(op, 0))
-    assert not fell_back, f"ran on CPU: {fell_back}"
-
-
 def same_bits(actual, expected, zero_signs=True):
     """Values equal (NaN where NaN) and zeros of the same sign."""
     a = actual.cpu()
@@ -84,14 +73,14 @@ def same_bits(actual, expected, zero_signs=True):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("name", list(UNARY))
-def test_unary_vs_cpu(name, dtype, lowered):
+def test_unary_vs_cpu(name, dtype, no_cpu_fallback):
     fn, low, high = UNARY[name]
     x = make((4, 5), dtype, low=low, high=high)
     assert_same(fn(tpu(x)), fn(x))
 
 
 @pytest.mark.parametrize("name", list(UNARY))
-def test_unary_special_values(name, lowered):
+def test_unary_special_values(name, no_cpu_fallback):
     fn = UNARY[name][0]
     x = torch.tensor(SPECIAL)
     if name == "polygamma1":  # CPU's trigamma is finite at negative integers (see unary_special.cpp)
@@ -124,7 +113,7 @@ def test_unary_integer_inputs_as_cpu(name, dtype):
     assert_same(fn(tpu(x)), expected)
 
 
-def test_log2_and_exp2_exact_at_powers_of_two(lowered):
+def test_log2_and_exp2_exact_at_powers_of_two(no_cpu_fallback):
     k = torch.arange(-126, 128, dtype=torch.float32)  # normal numbers
     p = torch.exp2(k)
     same_bits(torch.log2(tpu(p)), torch.log2(p))
@@ -134,14 +123,14 @@ def test_log2_and_exp2_exact_at_powers_of_two(lowered):
     same_bits(torch.log2(tpu(torch.exp2(d))), d)
 
 
-def test_log2_near_one_keeps_relative_precision(lowered):
+def test_log2_near_one_keeps_relative_precision(no_cpu_fallback):
     x = torch.tensor([1 - 2.0 ** -k for k in range(2, 24)] + [1 + 2.0 ** -k for k in range(2, 23)])
     torch.testing.assert_close(torch.log2(tpu(x)).cpu(), torch.log2(x), rtol=3e-7, atol=0)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("name", list(BINARY))
-def test_binary_vs_cpu(name, dtype, lowered):
+def test_binary_vs_cpu(name, dtype, no_cpu_fallback):
     fn = BINARY[name]
     a, b = make((4, 5), dtype, seed=1), make((4, 5), dtype, seed=2)
     if name == "heaviside":
@@ -152,7 +141,7 @@ def test_binary_vs_cpu(name, dtype, lowered):
 
 
 @pytest.mark.parametrize("name", list(BINARY))
-def test_binary_special_value_grid(name, lowered):
+def test_binary_special_value_grid(name, no_cpu_fallback):
     """Every pair of special values, broadcast (a column against a row)."""
     fn = BINARY[name]
     v = torch.tensor(SPECIAL)
@@ -182,7 +171,7 @@ def test_binary_integer_inputs_as_cpu(name, dtypes):
 
 
 @pytest.mark.parametrize("name", ["atan2", "copysign", "fmax", "xlog1py", "hypot"])
-def test_binary_scalar_and_inplace_forms(name, lowered):
+def test_binary_scalar_and_inplace_forms(name, no_cpu_fallback):
     a, b = make((3, 4), seed=5), make((3, 4), seed=6).abs()
     fn = BINARY[name]
     assert_same(fn(tpu(a), tpu(b)[0]), fn(a, b[0]))  # broadcast
@@ -197,21 +186,21 @@ def test_binary_scalar_and_inplace_forms(name, lowered):
     assert_same(out, fn(a, b))
 
 
-def test_copysign_with_a_scalar_and_negative_zero(lowered):
+def test_copysign_with_a_scalar_and_negative_zero(no_cpu_fallback):
     x = torch.tensor([1.0, -2.0, 0.0, NAN])
     same_bits(torch.copysign(tpu(x), -0.0), torch.copysign(x, -0.0))
     same_bits(torch.copysign(tpu(x), 3), torch.copysign(x, 3))
 
 
 @pytest.mark.parametrize("fn", [torch.maximum, torch.minimum, torch.fmax, torch.fmin])
-def test_max_min_ties_like_cpus_vectorized_loop(fn, lowered):
+def test_max_min_ties_like_cpus_vectorized_loop(fn, no_cpu_fallback):
     a = torch.tensor([-0.0, 0.0, -0.0, 0.0, NAN, 1.0, NAN, 2.0]).repeat(8)
     b = torch.tensor([0.0, -0.0, -0.0, 0.0, 1.0, NAN, NAN, 2.0]).repeat(8)
     same_bits(fn(tpu(a), tpu(b)), fn(a, b))
 
 
 @pytest.mark.parametrize("kw", [dict(min=0.0), dict(max=-0.0), dict(min=-0.0, max=0.0), dict(min=0.0, max=-0.0)])
-def test_clamp_keeps_self_on_ties(kw, lowered):
+def test_clamp_keeps_self_on_ties(kw, no_cpu_fallback):
     x = torch.tensor([-0.0, 0.0, NAN, -1.0, 1.0])
     same_bits(x.to("tpu").clamp(**kw), x.clamp(**kw))
 
@@ -251,7 +240,7 @@ def test_binary_gradients(name):
 
 
 @pytest.mark.parametrize("num_parameters", [1, 3])
-def test_prelu_module_trains_like_cpu(num_parameters, lowered):
+def test_prelu_module_trains_like_cpu(num_parameters, no_cpu_fallback):
     torch.manual_seed(0)
     cpu_m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.PReLU(num_parameters))
     tpu_m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.PReLU(num_parameters)).to("tpu")
@@ -270,7 +259,7 @@ def test_prelu_module_trains_like_cpu(num_parameters, lowered):
 
 @pytest.mark.parametrize("kw", [{}, dict(dim=1), dict(dim=(0, 2), keepdim=True), dict(dtype=torch.float64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
-def test_nansum(kw, dtype, lowered):
+def test_nansum(kw, dtype, no_cpu_fallback):
     x = make((3, 4, 5), dtype)
     if dtype.is_floating_point:
         x[0, 1, 2] = NAN
@@ -284,7 +273,7 @@ def test_nansum(kw, dtype, lowered):
 
 @pytest.mark.parametrize("dim", [None, 0, (0, 1), -1, ()])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
-def test_count_nonzero(dim, dtype, lowered):
+def test_count_nonzero(dim, dtype, no_cpu_fallback):
     x = make((3, 4, 2), dtype, low=-1, high=1)
     kw = {} if dim is None else dict(dim=dim)
     assert_same(torch.count_nonzero(tpu(x), **kw), torch.count_nonzero(x, **kw))
@@ -292,7 +281,7 @@ def test_count_nonzero(dim, dtype, lowered):
 
 @pytest.mark.parametrize("kw", [{}, dict(dim=1), dict(dim=-1, keepdim=True), dict(dim=0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.bool])
-def test_aminmax(kw, dtype, lowered):
+def test_aminmax(kw, dtype, no_cpu_fallback):
     x = make((3, 4), dtype)
     if dtype.is_floating_point:
         x[1, 2] = NAN
@@ -312,7 +301,7 @@ def test_aminmax_of_nothing_raises_like_cpu(kw, error):
 
 @pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int8, torch.bool])
-def test_cummax_cummin_values_and_indices(fn, dtype, lowered):
+def test_cummax_cummin_values_and_indices(fn, dtype, no_cpu_fallback):
     """Ties go to the later index, NaN wins and a later NaN takes over, as on CPU."""
     x = make((3, 37), dtype, low=-2, high=2)  # few distinct values: many ties
     if dtype.is_floating_point:
@@ -333,7 +322,7 @@ def test_cummax_gradient():
     assert_same(xt.grad, xc.grad)
 
 
-def test_take_and_its_gradient(lowered):
+def test_take_and_its_gradient(no_cpu_fallback):
     x = make((3, 4), seed=12)
     idx = torch.tensor([[0, -1], [11, 5], [5, 5]])
     assert_same(torch.take(tpu(x), tpu(idx)), torch.take(x, idx))
@@ -346,7 +335,7 @@ def test_take_and_its_gradient(lowered):
 
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
-def test_put(accumulate, dtype, lowered):
+def test_put(accumulate, dtype, no_cpu_fallback):
     x = make((2, 3), dtype, seed=13)
     idx = torch.tensor([[0, -1], [4, 2]]) if not accumulate else torch.tensor([[0, -1], [5, 0]])
     src = make((2, 2), dtype, seed=14)
@@ -367,7 +356,7 @@ def test_take_put_out_of_range_raise_index_error(op):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
-def test_linalg_cross(dtype, lowered):
+def test_linalg_cross(dtype, no_cpu_fallback):
     a, b = make((4, 3), dtype, seed=15), make((1, 3), dtype, seed=16)
     assert_same(torch.linalg.cross(tpu(a), tpu(b)), torch.linalg.cross(a, b))
     a, b = make((3, 5), dtype, seed=17), make((3, 5), dtype, seed=18)
@@ -385,7 +374,7 @@ UNFOLD_CASES = [((2, 3, 5, 6), dict(kernel_size=(2, 3), dilation=(1, 2), padding
 
 
 @pytest.mark.parametrize("shape,kw", UNFOLD_CASES)
-def test_unfold_fold_and_gradient(shape, kw, lowered):
+def test_unfold_fold_and_gradient(shape, kw, no_cpu_fallback):
     x = make(shape, seed=19)
     xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
     c, t = F.unfold(xc, **kw), F.unfold(xt, **kw)
@@ -397,7 +386,7 @@ def test_unfold_fold_and_gradient(shape, kw, lowered):
     assert_same(F.fold(t.detach(), shape[-2:], **kw), F.fold(c.detach(), shape[-2:], **kw))
 
 
-def test_unfold_keeps_inf_beside_a_window(lowered):
+def test_unfold_keeps_inf_beside_a_window(no_cpu_fallback):
     x = torch.tensor([[[[1.0, INF, 2.0], [3.0, 4.0, NAN], [6.0, 7.0, 8.0]]]])
     same_bits(F.unfold(tpu(x), 2), F.unfold(x, 2))
 
@@ -418,14 +407,14 @@ def _search_cases():
 
 
 @pytest.mark.parametrize("case", range(11))
-def test_searchsorted_as_cpus_binary_search(case, lowered):
+def test_searchsorted_as_cpus_binary_search(case, no_cpu_fallback):
     seq, val, kw = _search_cases()[case]
     kwt = {k: tpu(x) for k, x in kw.items()}
     assert_same(torch.searchsorted(tpu(seq), tpu(val), **kwt), torch.searchsorted(seq, val, **kw))
 
 
 @pytest.mark.parametrize("right", [False, True])
-def test_bucketize(right, lowered):
+def test_bucketize(right, no_cpu_fallback):
     b = torch.tensor([0.0, 1.0, 5.0])
     x = torch.tensor([[-1.0, 0.0, 0.5, 1.0, 7.0, NAN]])
     assert_same(torch.bucketize(tpu(x), tpu(b), right=right), torch.bucketize(x, b, right=right))
@@ -447,7 +436,7 @@ def test_searchsorted_sorter_out_of_range_raises():
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-def test_grid_sample(mode, padding, align, lowered):
+def test_grid_sample(mode, padding, align, no_cpu_fallback):
     x = make((2, 3, 7, 9), seed=25)
     g = make((2, 5, 6, 2), low=-1.3, high=1.3, seed=26)  # some points outside the image
     g[0, 0, 0] = torch.tensor([1.0, -1.0])  # corners and exact pixel centres
@@ -464,7 +453,7 @@ def test_grid_sample(mode, padding, align, lowered):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_grid_sample_dtypes_and_gradients(dtype, lowered):
+def test_grid_sample_dtypes_and_gradients(dtype, no_cpu_fallback):
     x = make((1, 2, 5, 5), dtype, seed=27)
     g = make((1, 3, 4, 2), dtype, low=-1.1, high=1.1, seed=28)
     assert_same(F.grid_sample(tpu(x), tpu(g), align_corners=False), F.grid_sample(x, g, align_corners=False))
@@ -490,7 +479,7 @@ def _spd(batch=(3,), n=4, seed=29):
 
 
 @pytest.mark.parametrize("upper", [False, True])
-def test_cholesky_and_its_gradient(upper, lowered):
+def test_cholesky_and_its_gradient(upper, no_cpu_fallback):
     a = _spd()
     c, t = torch.linalg.cholesky_ex(a, upper=upper), torch.linalg.cholesky_ex(tpu(a), upper=upper)
     assert_same(t.L, c.L)
@@ -517,7 +506,7 @@ def test_cholesky_of_a_matrix_that_is_not_positive_definite():
 @pytest.mark.parametrize("unit", [False, True])
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("upper", [False, True])
-def test_solve_triangular(upper, left, unit, lowered):
+def test_solve_triangular(upper, left, unit, no_cpu_fallback):
     factor = torch.linalg.cholesky(_spd())
     a = factor.transpose(-1, -2) if upper else factor
     b = make((3, 4, 2), seed=30)
@@ -529,7 +518,7 @@ def test_solve_triangular(upper, left, unit, lowered):
 
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("upper", [False, True])
-def test_triangular_solve_cholesky_solve_and_inverse(upper, transpose, lowered):
+def test_triangular_solve_cholesky_solve_and_inverse(upper, transpose, no_cpu_fallback):
     factor = torch.linalg.cholesky(_spd())
     a = factor.transpose(-1, -2) if upper else factor
     b = make((3, 4, 2), seed=31)
@@ -541,7 +530,7 @@ def test_triangular_solve_cholesky_solve_and_inverse(upper, transpose, lowered):
                 rtol=1e-4, atol=1e-5)
 
 
-def test_multivariate_normal_runs_on_the_device(lowered):
+def test_multivariate_normal_runs_on_the_device(no_cpu_fallback):
     from torch.distributions import MultivariateNormal
     cov, mu, x = _spd()[0], make((4,), seed=32), make((5, 4), seed=33)
     c, t = MultivariateNormal(mu, cov), MultivariateNormal(tpu(mu), tpu(cov))

@@ -94,16 +94,26 @@ std::vector<Value> cholesky_op(LoweringContext& ctx) {
   return {b.convert(l, out.dtype)};
 }
 
+// A solve's matrix and right-hand side, in the result's math dtype with its
+// batch dims.
+struct System {
+  Value a, rhs;
+};
+System system(LoweringContext& ctx, const char* a, const char* rhs) {
+  const TensorType& out = ctx.out(0);
+  DType dt = math_dtype(out.dtype);
+  Shape batch = batch_of(out.shape);
+  return {with_batch(ctx.b, ctx.b.convert(ctx.tensor(a), dt), batch),
+          with_batch(ctx.b, ctx.b.convert(ctx.tensor(rhs), dt), batch)};
+}
+
 std::vector<Value> solve_triangular(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   real_only(ctx, out.dtype);
   if (out.numel() == 0) return {b.zeros(out)};
-  DType dt = math_dtype(out.dtype);
-  Shape batch = batch_of(out.shape);
-  Value a = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
-  Value rhs = with_batch(b, b.convert(ctx.tensor("B"), dt), batch);
-  Value x = solve(b, a, rhs, ctx.to_bool("left", true), !ctx.to_bool("upper", false),
+  System sys = system(ctx, "self", "B");
+  Value x = solve(b, sys.a, sys.rhs, ctx.to_bool("left", true), !ctx.to_bool("upper", false),
                   ctx.to_bool("unitriangular", false), false);
   return {b.convert(x, out.dtype)};
 }
@@ -114,13 +124,10 @@ std::vector<Value> triangular_solve(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out(0);
   real_only(ctx, out.dtype);
-  DType dt = math_dtype(out.dtype);
-  Shape batch = batch_of(out.shape);
-  Value a = with_batch(b, b.convert(ctx.tensor("A"), dt), batch);
-  Value rhs = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
   Value coefficient = b.convert(b.broadcast_to(ctx.tensor("A"), ctx.out(1).shape), ctx.out(1).dtype);
   if (out.numel() == 0) return {b.zeros(out), coefficient};
-  Value x = solve(b, a, rhs, true, !ctx.to_bool("upper", true), ctx.to_bool("unitriangular", false),
+  System sys = system(ctx, "A", "self");
+  Value x = solve(b, sys.a, sys.rhs, true, !ctx.to_bool("upper", true), ctx.to_bool("unitriangular", false),
                   ctx.to_bool("transpose", false));
   return {b.convert(x, out.dtype), coefficient};
 }
@@ -137,11 +144,8 @@ std::vector<Value> cholesky_solve_helper(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   real_only(ctx, out.dtype);
   if (out.numel() == 0) return {b.zeros(out)};
-  DType dt = math_dtype(out.dtype);
-  Shape batch = batch_of(out.shape);
-  Value f = with_batch(b, b.convert(ctx.tensor("A"), dt), batch);
-  Value rhs = with_batch(b, b.convert(ctx.tensor("self"), dt), batch);
-  return {b.convert(cholesky_solve(b, f, rhs, ctx.to_bool("upper", false)), out.dtype)};
+  System sys = system(ctx, "A", "self");
+  return {b.convert(cholesky_solve(b, sys.a, sys.rhs, ctx.to_bool("upper", false)), out.dtype)};
 }
 
 // cholesky_inverse(factor, upper) = (L L^T)^-1: cholesky_solve of the identity.
