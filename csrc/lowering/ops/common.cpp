@@ -1,6 +1,7 @@
 #include "lowering/ops/common.h"
 
 #include <cmath>
+#include <limits>
 
 namespace torch_pjrt::lowering::ops {
 
@@ -71,6 +72,15 @@ std::pair<double, double> integer_range(DType t) {
   int bits = 8 * int(itemsize(t));
   if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
   return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
+}
+
+double largest_finite(DType t) {
+  switch (t) {
+    case DType::F16: return 65504.0;
+    case DType::BF16: return 3.3895313892515355e38;
+    case DType::F32: return std::numeric_limits<float>::max();
+    default: return std::numeric_limits<double>::max();
+  }
 }
 
 }  // namespace torch_pjrt::lowering::ops

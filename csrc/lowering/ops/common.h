@@ -26,6 +26,8 @@ Value erf(Builder& b, const Value& x);
 
 // The values an integer dtype holds, as doubles (lowest, highest).
 std::pair<double, double> integer_range(DType t);
+// A float dtype's largest finite value (float64's for the others).
+double largest_finite(DType t);
 
 // Floor division and remainder with Python semantics, for int or float.
 Value floor_divide(Builder& b, const Value& a, const Value& d);

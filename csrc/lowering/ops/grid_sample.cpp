@@ -34,15 +34,6 @@ struct Sampler {
   Value clip(const Value& x, int64_t size) const {
     return b.binary("minimum", b.binary("maximum", x, k(0)), k(double(size - 1)));
   }
-  Value reflect(const Value& x, int64_t twice_low, int64_t twice_high) const {
-    if (twice_low == twice_high) return k(0);
-    double lo = twice_low / 2.0, span = (twice_high - twice_low) / 2.0;
-    Value in = b.unary("abs", sub(x, k(lo)));
-    Value extra = b.binary("remainder", in, k(span));
-    Value flips = b.unary("floor", b.binary("divide", in, k(span)));
-    Value even = b.compare(Cmp::EQ, b.binary("remainder", flips, k(2)), k(0));
-    return b.select(even, add(extra, k(lo)), add(sub(k(span), extra), k(lo)));
-  }
   // d unnormalize / d grid.
   double unnormalize_grad(int64_t size) const { return align ? (size - 1) / 2.0 : size / 2.0; }
   // The padded coordinate and d padded / d unpadded (PyTorch's *_set_grad:
@@ -73,13 +64,9 @@ struct Sampler {
     }
     return {x, k(1)};
   }
-  // compute_coordinates: the padding mode applied to a source coordinate.
-  Value pad(const Value& x, int64_t size) const {
-    if (padding == 1) return clip(x, size);
-    if (padding == 2)
-      return clip(align ? reflect(x, 0, 2 * (size - 1)) : reflect(x, -1, 2 * size - 1), size);
-    return x;
-  }
+  // compute_coordinates: the padding mode applied to a source coordinate (the
+  // unused derivative is dropped by XLA).
+  Value pad(const Value& x, int64_t size) const { return pad_with_grad(x, size).first; }
   // The image's values at integer-valued (x, y), [N, Ho, Wo, C], and whether
   // each lies inside the image.
   std::pair<Value, Value> read(const Value& x, const Value& y) const {

@@ -56,14 +56,9 @@ Value uniform01(LoweringContext& ctx, int64_t count, DType out) {
 
 // The values of dtype t, as doubles (CPU's bounds of random ops' arguments).
 std::pair<double, double> bounds(DType t) {
-  switch (t) {
-    case DType::F16: return {-65504.0, 65504.0};
-    case DType::BF16: return {-3.3895313892515355e38, 3.3895313892515355e38};
-    case DType::F32: return {-double(std::numeric_limits<float>::max()), double(std::numeric_limits<float>::max())};
-    case DType::F64: return {-std::numeric_limits<double>::max(), std::numeric_limits<double>::max()};
-    case DType::Bool: return {0.0, 1.0};
-    default: return integer_range(t);
-  }
+  if (is_float(t)) return {-largest_finite(t), largest_finite(t)};
+  if (t == DType::Bool) return {0.0, 1.0};
+  return integer_range(t);
 }
 
 // CPU's CHECK_OUT_OF_BOUNDS (DistributionTemplates.h), before its kernel.

@@ -162,15 +162,6 @@ LowerFn infinity_test(int sign) {
 // nan_to_num(self, nan, posinf, neginf): NaN -> nan (0), +inf -> posinf (the
 // dtype's largest finite value), -inf -> neginf (its lowest), the values
 // converted to the dtype as CPU does; complex: each part; integers unchanged.
-double largest_finite(DType t) {
-  switch (t) {
-    case DType::F16: return 65504.0;
-    case DType::BF16: return 3.3895313892515355e38;
-    case DType::F32: return std::numeric_limits<float>::max();
-    default: return std::numeric_limits<double>::max();
-  }
-}
-
 Value replace_non_finite(LoweringContext& ctx, const Value& x) {
   Builder& b = ctx.b;
   auto value = [&](const char* name, double dflt) {

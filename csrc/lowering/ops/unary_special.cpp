@@ -9,6 +9,9 @@
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
+
+Value signbit(Builder& b, const Value& x);  // below (binary_math.cpp uses it too)
+
 namespace {
 
 void chlo_unary(const char* aten, const char* chlo) {
@@ -75,9 +78,7 @@ Value digamma(Builder& b, const Value& x) {
   Value r = b.op("chlo.digamma", {x}, x.type);
   Value zero = splat_like(b, 0, x);
   Value at_zero = b.compare(Cmp::EQ, x, zero);
-  Value neg_zero = b.compare(Cmp::LT, b.bitcast_convert(x, TensorType{bits_dtype(x.dtype()), x.shape()}),
-                             b.splat(Scalar::from_int(0), TensorType{bits_dtype(x.dtype()), x.shape()}));
-  Value signed_inf = b.select(neg_zero, splat_like(b, INFINITY, x), splat_like(b, -INFINITY, x));
+  Value signed_inf = b.select(signbit(b, x), splat_like(b, INFINITY, x), splat_like(b, -INFINITY, x));
   Value neg_int = b.binary("and", b.compare(Cmp::LT, x, zero), b.compare(Cmp::EQ, x, b.unary("floor", x)));
   r = b.select(neg_int, splat_like(b, NAN, x), r);
   return b.select(at_zero, signed_inf, r);
