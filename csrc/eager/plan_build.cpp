@@ -302,6 +302,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     if (slot_out) *slot_out = s;
     if (pure_output) return;
     a->kind = Arg::Tensor;
+    a->contiguous = t.is_contiguous();
     a->tensor = read_slot(inst.slots[s]);
   };
   auto scalar_arg = [&](const c10::IValue& v, Arg* a) {

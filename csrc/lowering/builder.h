@@ -2,6 +2,7 @@
 // generic operation syntax, which every StableHLO version parses the same way.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,13 @@ class Builder {
   Value gather_elements(const Value& x, const Value& indices);
   Value scatter_elements(const Value& x, const Value& indices, const Value& updates,
                          const std::string& combine_op = "");
+
+  // stablehlo.while over the loop-carried values `init`. `cond` returns a
+  // 0-d bool, `body` the next values (same types); both get the carried
+  // values as block arguments and may use values made before the loop. For
+  // sequential algorithms (LU's column steps) in a program of fixed size.
+  using LoopFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
+  std::vector<Value> while_loop(const std::vector<Value>& init, const LoopFn& cond, const LoopFn& body);
 
   // A region `{ ^bb0(%a: T, %b: T): %r = body(%a, %b); return %r }` for reduce/scatter.
   std::string binary_region(DType dtype, const std::string& body_op);

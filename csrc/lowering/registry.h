@@ -32,6 +32,10 @@ struct Arg {
   std::string name;
   Value tensor;                          // Tensor
   bool wrapped_number = false;           // Tensor made from a Python scalar
+  // Tensor: whether PyTorch's tensor is contiguous. A few results depend on
+  // the layout on CPU too (_linalg_solve_ex factors A^T for a contiguous A,
+  // and its backward relies on that); eager plans are keyed by strides.
+  bool contiguous = true;
   std::vector<Value> tensors;            // TensorList
   std::vector<std::optional<Value>> opt_tensors;  // OptTensorList (index)
   Scalar scalar;                         // Int, Float, Bool

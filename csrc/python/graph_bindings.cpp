@@ -37,7 +37,7 @@ lowering::Scalar number(const py::handle& v) {
 }
 
 // (name, kind, payload) from the walker -> the registry's Arg. Kinds: none, t
-// (value id), wn (a Python number passed as a Tensor), tl, otl, i, f, b, il,
+// (value id), tn (value id, not contiguous), wn (a Python number passed as a Tensor), tl, otl, i, f, b, il,
 // fl, s, dt, other.
 Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
   Arg a;
@@ -46,8 +46,9 @@ Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
   py::handle p = spec[2];
   if (kind == "none") {
     a.kind = Arg::None;
-  } else if (kind == "t") {
+  } else if (kind == "t" || kind == "tn") {  // tn: a tensor that is not contiguous
     a.kind = Arg::Tensor;
+    a.contiguous = kind == "t";
     a.tensor = prog.value(p.cast<int>());
   } else if (kind == "wn") {
     lowering::Scalar s = number(p);

@@ -125,8 +125,10 @@ class _Walker:
         name, t = a.name, str(a.type)
         if v is None:
             return (name, "none", None)
-        if isinstance(v, _Val):
-            return (name, "t", v.id)
+        if isinstance(v, _Val):  # "tn": not contiguous (a few lowerings follow CPU's layout choice)
+            meta = v.meta
+            contiguous = not isinstance(meta, torch.Tensor) or meta.is_contiguous()
+            return (name, "t" if contiguous else "tn", v.id)
         if isinstance(v, (list, tuple)):
             if any(isinstance(e, _Val) for e in v) or t.startswith("Tensor") or t.startswith("List[Tensor"):
                 if "Optional[Tensor]" in t or "Tensor?" in t:

@@ -8,35 +8,25 @@
 // LAPACK stops at the first failing leading minor (L's entries differ there too).
 #include <string>
 
-#include "lowering/ops/common.h"
+#include "lowering/ops/linalg.h"
 
 namespace torch_pjrt::lowering::ops {
-namespace {
 
-int64_t rank_of(const Value& x) { return x.rank(); }
-
-// The lower (or upper) triangle of the last two dims of x, zeros elsewhere.
 Value triangle(Builder& b, const Value& x, bool lower) {
-  int64_t r = rank_of(x);
+  int64_t r = x.rank();
   TensorType it{DType::I64, x.shape()};
   Value row = b.iota(it, r - 2), col = b.iota(it, r - 1);
   return b.select(b.compare(lower ? Cmp::GE : Cmp::LE, row, col), x, b.zeros(x.type));
 }
 
-Value cholesky(Builder& b, const Value& x, bool lower) {
-  Value l = b.op("stablehlo.cholesky", {x}, x.type, std::string("lower = ") + (lower ? "true" : "false"));
-  return triangle(b, l, lower);
-}
-
-// X with op(a) X = rhs (left) or X op(a) = rhs, a triangular.
-Value solve(Builder& b, const Value& a, const Value& rhs, bool left, bool lower, bool unit, bool transpose) {
+Value triangular_solve(Builder& b, const Value& a, const Value& rhs, bool left, bool lower, bool unit,
+                       bool transpose) {
   return b.op("stablehlo.triangular_solve", {a, rhs}, rhs.type,
               std::string("left_side = ") + (left ? "true" : "false") + ", lower = " + (lower ? "true" : "false") +
                   ", unit_diagonal = " + (unit ? "true" : "false") + ", transpose_a = #stablehlo<transpose " +
                   (transpose ? "TRANSPOSE" : "NO_TRANSPOSE") + ">");
 }
 
-// x's last two dims kept, its batch dims broadcast to `batch`.
 Value with_batch(Builder& b, const Value& x, const Shape& batch) {
   Shape s = batch;
   s.insert(s.end(), x.shape().end() - 2, x.shape().end());
@@ -45,10 +35,26 @@ Value with_batch(Builder& b, const Value& x, const Shape& batch) {
 
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
+Value identity_like(Builder& b, const TensorType& t) {
+  TensorType it{DType::I64, t.shape};
+  return b.convert(b.compare(Cmp::EQ, b.iota(it, t.rank() - 2), b.iota(it, t.rank() - 1)), t.dtype);
+}
+
+void real_only(LoweringContext& ctx, DType t) {
+  if (!is_float(t)) ctx.fail(std::string("linalg: expected a floating point tensor, got ") + dtype_name(t));
+}
+
+namespace {
+
+Value cholesky(Builder& b, const Value& x, bool lower) {
+  Value l = b.op("stablehlo.cholesky", {x}, x.type, std::string("lower = ") + (lower ? "true" : "false"));
+  return triangle(b, l, lower);
+}
+
 // info per matrix: 0, or i + 1 for the first diagonal entry of the factor
 // that is not positive (NaN included).
 Value cholesky_info(Builder& b, const Value& l) {
-  int64_t r = rank_of(l), n = l.shape().back();
+  int64_t r = l.rank(), n = l.shape().back();
   TensorType it{DType::I64, l.shape()};
   Value diag_mask = b.compare(Cmp::EQ, b.iota(it, r - 2), b.iota(it, r - 1));
   Value bad = b.binary("and", diag_mask, b.unary("not", b.compare(Cmp::GT, l, b.zeros(l.type))));
@@ -57,10 +63,6 @@ Value cholesky_info(Builder& b, const Value& l) {
   Value first = b.reduce(cand, b.constant_int(n + 1, DType::I64), {r - 2, r - 1}, "stablehlo.minimum");
   Value none = b.compare(Cmp::EQ, first, b.splat(Scalar::from_int(n + 1), first.type));
   return b.convert(b.select(none, b.zeros(first.type), first), DType::I32);
-}
-
-void real_only(LoweringContext& ctx, DType t) {
-  if (!is_float(t)) ctx.fail(std::string("linalg: expected a floating point tensor, got ") + dtype_name(t));
 }
 
 std::vector<Value> cholesky_ex(LoweringContext& ctx) {
@@ -113,29 +115,29 @@ std::vector<Value> solve_triangular(LoweringContext& ctx) {
   real_only(ctx, out.dtype);
   if (out.numel() == 0) return {b.zeros(out)};
   System sys = system(ctx, "self", "B");
-  Value x = solve(b, sys.a, sys.rhs, ctx.to_bool("left", true), !ctx.to_bool("upper", false),
+  Value x = triangular_solve(b, sys.a, sys.rhs, ctx.to_bool("left", true), !ctx.to_bool("upper", false),
                   ctx.to_bool("unitriangular", false), false);
   return {b.convert(x, out.dtype)};
 }
 
 // triangular_solve(self=B, A, upper, transpose, unitriangular) ->
 // (solution of op(A) X = B, A broadcast).
-std::vector<Value> triangular_solve(LoweringContext& ctx) {
+std::vector<Value> triangular_solve_op(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out(0);
   real_only(ctx, out.dtype);
   Value coefficient = b.convert(b.broadcast_to(ctx.tensor("A"), ctx.out(1).shape), ctx.out(1).dtype);
   if (out.numel() == 0) return {b.zeros(out), coefficient};
   System sys = system(ctx, "A", "self");
-  Value x = solve(b, sys.a, sys.rhs, true, !ctx.to_bool("upper", true), ctx.to_bool("unitriangular", false),
+  Value x = triangular_solve(b, sys.a, sys.rhs, true, !ctx.to_bool("upper", true), ctx.to_bool("unitriangular", false),
                   ctx.to_bool("transpose", false));
   return {b.convert(x, out.dtype), coefficient};
 }
 
 // X with A A^T X = B for A = L (lower) or U^T U X = B for A = U (upper).
 Value cholesky_solve(Builder& b, const Value& factor, const Value& rhs, bool upper) {
-  Value y = solve(b, factor, rhs, true, !upper, false, upper);
-  return solve(b, factor, y, true, !upper, false, !upper);
+  Value y = triangular_solve(b, factor, rhs, true, !upper, false, upper);
+  return triangular_solve(b, factor, y, true, !upper, false, !upper);
 }
 
 // _cholesky_solve_helper(self=B, A=factor, upper): batch dims already broadcast.
@@ -156,9 +158,7 @@ std::vector<Value> cholesky_inverse(LoweringContext& ctx) {
   if (out.numel() == 0) return {b.zeros(out)};
   DType dt = math_dtype(out.dtype);
   Value f = b.convert(ctx.tensor("self"), dt);
-  int64_t r = rank_of(f);
-  TensorType it{DType::I64, f.shape()};
-  Value eye = b.convert(b.compare(Cmp::EQ, b.iota(it, r - 2), b.iota(it, r - 1)), dt);
+  Value eye = identity_like(b, TensorType{dt, f.shape()});
   return {b.convert(cholesky_solve(b, f, eye, ctx.to_bool("upper", false)), out.dtype)};
 }
 
@@ -167,7 +167,7 @@ std::vector<Value> cholesky_inverse(LoweringContext& ctx) {
 TORCH_PJRT_LOWERING("linalg_cholesky_ex", cholesky_ex);
 TORCH_PJRT_LOWERING("cholesky", cholesky_op);
 TORCH_PJRT_LOWERING("linalg_solve_triangular", solve_triangular);
-TORCH_PJRT_LOWERING("triangular_solve", triangular_solve);
+TORCH_PJRT_LOWERING("triangular_solve", triangular_solve_op);
 TORCH_PJRT_LOWERING("_cholesky_solve_helper", cholesky_solve_helper);
 TORCH_PJRT_LOWERING("cholesky_inverse", cholesky_inverse);
 
