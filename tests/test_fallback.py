@@ -86,9 +86,10 @@ def test_bad_fallback_mode_is_rejected():
 
 
 def test_fallback_sees_the_tpu_layout_linalg_det_of_a_view():
-    """CPU kernels that choose a convention from the input's layout (LU of
-    linalg.det, read back by its backward) get the tpu tensor's exact strides:
-    the gradient through det of a slice matches CPU."""
+    """Kernels that choose a convention from the input's layout (LU of
+    linalg.det, read back by its backward) see the tpu tensor's exact strides:
+    the gradient through det of a slice matches CPU. (det was a CPU fallback
+    when this was written; its lowering now takes the layout from the plan.)"""
     torch.manual_seed(0)
     x, w0 = torch.randn(2, 3, 4), torch.randn(4, 4)
     grads = []

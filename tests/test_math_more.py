@@ -537,3 +537,13 @@ def test_multivariate_normal_runs_on_the_device(no_cpu_fallback):
     assert_same(t.log_prob(tpu(x)), c.log_prob(x), rtol=1e-5, atol=1e-5)
     assert_same(t.entropy(), c.entropy())
     assert t.rsample((3,)).shape == (3, 4)
+
+
+def test_equal_on_the_device(no_cpu_fallback):
+    x = make((3, 4), seed=40)
+    nan = torch.tensor([1.0, float("nan")])
+    for a, b in [(x, x.clone()), (x, x + 1), (x, x[:2]), (x, x.double()), (x, x.long()), (nan, nan),
+                 (torch.zeros(0), torch.zeros(0)), (x, x.t().contiguous().t())]:
+        assert torch.equal(tpu(a), tpu(b)) == torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="different devices"):  # as on CUDA
+        torch.equal(tpu(x), x)

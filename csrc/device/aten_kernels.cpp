@@ -346,6 +346,17 @@ void nonzero_out(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
 
+// equal on the device: one bool comes back to the host, not both tensors.
+// As CUDA's: tensors on two devices raise; dtypes may differ (compared as
+// eq does); NaN is unequal to itself.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ",
+              self.device(), " and ", other.device());
+  if (self.sizes() != other.sizes()) return false;
+  if (self.numel() == 0) return true;
+  return at::eq(self, other).all().item<bool>();
+}
+
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -404,6 +415,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                          "_index_put_impl_", "_unsafe_index_put"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&with_device_indices>());
   m.impl("masked_select", masked_select);
+  m.impl("equal", equal);
   // PyTorch's CompositeExplicitAutograd mode_out accepts CPU, CUDA and XPU
   // only: the out= form takes the fallback's path as the functional one does.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
