@@ -96,6 +96,14 @@ def test_unary_special_values(name, no_cpu_fallback):
     torch.testing.assert_close(actual, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_polygamma_far_below_zero(n, dtype, no_cpu_fallback):
+    # XLA's series alone is garbage below about -7 (wrong signs, 1e12).
+    x = torch.tensor([-0.5, -2.5, -7.5, -9.5, -20.5, -30.2213, -123.4, 0.3, 3.0, 40.0], dtype=dtype)
+    torch.testing.assert_close(torch.polygamma(n, tpu(x)).cpu(), torch.polygamma(n, x), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
 @pytest.mark.parametrize("name", list(UNARY))
 def test_unary_integer_inputs_as_cpu(name, dtype):

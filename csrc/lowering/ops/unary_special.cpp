@@ -97,11 +97,50 @@ Value lgamma(Builder& b, const Value& x) {
 // NaN above; at -inf: NaN for n = 1, the pole's value above. (CPU's trigamma
 // gives large finite values at the negative integers, from sin(pi x) not
 // being 0 there; here they are +inf.)
+//
+// CHLO's polygamma sums the Hurwitz zeta series from x with a fixed number of
+// terms, which is right only for positive x (garbage below about -7). So x is
+// first moved up to [1, 2) by the recurrence
+//   psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1),
+// in a loop that runs as many steps as the most negative element needs (CPU's
+// zeta sums the same terms from x upward). Past 2^16 steps (x < -65535) the
+// result is NaN rather than a loop that never ends (x + 1 == x in float32).
+// In float64, as CPU accumulates (the terms of a negative x cancel).
+Value polygamma_of_positive_shift(Builder& b, int64_t n, const Value& x_in) {
+  Value x = b.convert(x_in, DType::F64);
+  const int64_t kMaxSteps = 1 << 16;
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
+  auto below_one = [](Builder& b, const Value& y) {  // (-inf is left to the caller)
+    return b.binary("and", b.compare(Cmp::LT, y, splat_like(b, 1, y)),
+                    b.compare(Cmp::GT, y, splat_like(b, -INFINITY, y)));
+  };
+  auto cond = [&](Builder& b, const std::vector<Value>& s) {
+    Value any = b.reduce(below_one(b, s[1]), b.constant_int(0, DType::Bool), all, "stablehlo.or");
+    Value more = b.compare(Cmp::LT, s[0], b.constant_int(kMaxSteps, DType::I64));
+    return std::vector<Value>{b.binary("and", any, more)};
+  };
+  auto body = [&](Builder& b, const std::vector<Value>& s) {
+    const Value &y = s[1], &acc = s[2];
+    Value need = below_one(b, y);
+    Value term = b.binary("power", y, splat_like(b, -double(n + 1), y));
+    return std::vector<Value>{b.binary("add", s[0], b.constant_int(1, DType::I64)),
+                              b.select(need, b.binary("add", y, splat_like(b, 1, y)), y),
+                              b.binary("add", acc, b.select(need, term, b.zeros(y.type)))};
+  };
+  std::vector<Value> r = b.while_loop({b.constant_int(0, DType::I64), x, b.zeros(x.type)}, cond, body);
+  Value y = r[1];
+  double factorial = std::exp(std::lgamma(double(n) + 1));
+  Value shifted = b.op("chlo.polygamma", {splat_like(b, double(n), y), y}, y.type);
+  Value out = b.binary("add", shifted, b.binary("multiply", splat_like(b, n % 2 ? factorial : -factorial, y), r[2]));
+  return b.convert(b.select(below_one(b, y), splat_like(b, NAN, y), out), x_in.dtype());  // NaN: past the limit
+}
+
 std::vector<Value> polygamma(LoweringContext& ctx) {
   int64_t n = ctx.to_int("n", 0);
   return float_unary(ctx, [&](Builder& b, const Value& x) {
     if (n == 0) return digamma(b, x);
-    Value r = b.op("chlo.polygamma", {splat_like(b, double(n), x), x}, x.type);
+    Value r = polygamma_of_positive_shift(b, n, x);
     Value pole_value = splat_like(b, n % 2 ? INFINITY : -INFINITY, x);
     Value pole = b.binary("and", b.compare(Cmp::LE, x, splat_like(b, 0, x)), b.compare(Cmp::EQ, x, b.unary("floor", x)));
     r = b.select(pole, pole_value, r);
