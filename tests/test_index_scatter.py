@@ -498,3 +498,20 @@ def test_in_place_index_op_whose_self_overlaps_an_input_raises_as_cpu(name):
         fn("cpu")
     with pytest.raises(RuntimeError, match="unsupported operation"):
         fn("tpu").cpu()
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scatter_and_index_reduce_max_min_propagate_nan(reduce, include_self, dtype):
+    nan, inf = float("nan"), float("inf")
+    self_ = torch.tensor([0.0, nan, 0.0, 5.0], dtype=dtype)
+    src = torch.tensor([1, nan, -inf, -inf, 2, inf], dtype=dtype)
+    idx = torch.tensor([0, 0, 1, 1, 2, 2])
+    kw = dict(include_self=include_self)
+    expected = self_.clone().scatter_reduce_(0, idx, src, reduce, **kw)
+    actual = tpu(self_).scatter_reduce_(0, tpu(idx), tpu(src), reduce, **kw)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+    expected = self_.clone().index_reduce_(0, idx, src, reduce, **kw)
+    actual = tpu(self_).index_reduce_(0, tpu(idx), tpu(src), reduce, **kw)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)

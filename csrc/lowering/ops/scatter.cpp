@@ -77,6 +77,14 @@ Value reduce_into(Builder& b, const Value& self, const Value& updates, Reduce r,
   Value base = self;
   if (!include_self && r != Reduce::Replace) base = scat(self, b.splat(identity(r, dt), updates.type), "");
   Value res = scat(base, updates, combine_op(r, dt));
+  if ((r == Reduce::Max || r == Reduce::Min) && is_float(dt)) {
+    // XLA's scatter drops a NaN update under max/min; CPU's propagates it
+    // (and self's, when included): positions that saw one become NaN.
+    TensorType flags{DType::Bool, self.type.shape};
+    Value seen = scat(include_self ? b.compare(Cmp::NE, self, self) : b.zeros(flags),
+                      b.compare(Cmp::NE, updates, updates), "stablehlo.or");
+    return b.select(seen, b.splat(Scalar::from_float(std::numeric_limits<double>::quiet_NaN()), self.type), res);
+  }
   if (r != Reduce::Mean) return res;
   Value one = b.splat(Scalar::from_int(1), self.type);
   Value count = scat(include_self ? one : b.zeros(self.type), b.splat(Scalar::from_int(1), updates.type),
