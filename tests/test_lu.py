@@ -172,3 +172,28 @@ def test_compiled_solve_det_slogdet_inv_and_gradients(no_cpu_fallback):
     assert out.item() == pytest.approx(f(a, b).item(), rel=1e-10)
     assert_same(at.grad, ac.grad, rtol=1e-8, atol=1e-8)
     assert_same(bt.grad, bc.grad, rtol=1e-8, atol=1e-8)
+
+
+def test_compiled_graph_keeps_linalg_error_checks_on_the_device():
+    """_linalg_check_errors (an effectful op in the graph) is a device check:
+    the graph is not cut around it, and a singular input still raises."""
+    import warnings
+
+    def f(a, b):
+        spd = a @ a.mT + torch.eye(a.shape[-1], device=a.device, dtype=a.dtype)
+        return torch.linalg.solve(a, b).sum() + torch.linalg.inv(a).sum() + torch.linalg.cholesky(spd).sum()
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu")
+    a, b = rand((3, 4, 4), 13), rand((3, 4, 2), 14)
+    before = torch_pjrt.metrics()["partitioned_graphs"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = cf(tpu(a), tpu(b))
+    assert out.item() == pytest.approx(f(a, b).item(), rel=1e-10)
+    assert not [w for w in seen if "cannot lower" in str(w.message)]
+    assert torch_pjrt.metrics()["partitioned_graphs"] == before
+    singular = a.clone()
+    singular[1, 2] = singular[1, 1]
+    with pytest.raises(torch.linalg.LinAlgError, match="torch.linalg.solve: The solver failed"):
+        cf(tpu(singular), tpu(b)).item()

@@ -48,10 +48,15 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
   bool route_structured = !(env && std::string(env) == "0");
   static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                             __FILE__, __LINE__);
+  // Lowerings for compiled graphs only: eager keeps PyTorch's kernel.
+  // (_linalg_check_errors reads `info` on the host and raises CPU's exact
+  // message, with the failing order and batch element; in a graph it is a
+  // device check with a fixed message.)
+  static const std::set<std::string> graph_only = {"_linalg_check_errors"};
   for (const c10::OperatorName& op_name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (op_name.name.rfind("aten::", 0) != 0) continue;
     std::string name = op_name.name.substr(6);
-    if (!lowered.count(base_name(name))) continue;
+    if (!lowered.count(base_name(name)) || graph_only.count(name)) continue;
     auto handle = c10::Dispatcher::singleton().findOp(op_name);
     if (!handle) continue;
     bool structured = route_structured &&

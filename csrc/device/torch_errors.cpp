@@ -16,6 +16,8 @@ namespace {
       TORCH_CHECK_INDEX(false, message);
     case runtime::ErrorKind::Value:
       TORCH_CHECK_VALUE(false, message);
+    case runtime::ErrorKind::LinAlg:
+      TORCH_CHECK_LINALG(false, message);
     case runtime::ErrorKind::Runtime:
       break;
   }

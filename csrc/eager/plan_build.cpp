@@ -53,8 +53,10 @@ bool checks_enabled() {
 void set_checks_enabled(bool on) { checks_setting().store(on); }
 
 int register_check(const std::string& op, const lowering::LoweringContext::Check& c) {
-  auto kind = c.error == lowering::LoweringContext::CheckError::Index ? runtime::ErrorKind::Index
-                                                                      : runtime::ErrorKind::Runtime;
+  using E = lowering::LoweringContext::CheckError;
+  auto kind = c.error == E::Index    ? runtime::ErrorKind::Index
+              : c.error == E::LinAlg ? runtime::ErrorKind::LinAlg
+                                     : runtime::ErrorKind::Runtime;
   return runtime::Runtime::get().register_check(kind, "torch_pjrt: " + op + ": " + c.message);
 }
 

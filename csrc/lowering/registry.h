@@ -78,7 +78,7 @@ struct LoweringContext {
   // on by default): the frontends fold every `ok` into the device's check
   // word, and the next host read raises `error` with `message` (at once in
   // debug mode), as CPU raises at the op.
-  enum class CheckError { Index, Runtime };
+  enum class CheckError { Index, Runtime, LinAlg };  // IndexError, RuntimeError, torch.linalg.LinAlgError
   struct Check {
     Value ok;  // 0-d bool
     std::string message;

@@ -8,7 +8,7 @@
 
 namespace torch_pjrt::runtime {
 
-enum class ErrorKind { Runtime, OutOfMemory, Index, Value };
+enum class ErrorKind { Runtime, OutOfMemory, Index, Value, LinAlg };
 
 using Raiser = void (*)(ErrorKind kind, const std::string& message);
 void set_raiser(Raiser raiser);

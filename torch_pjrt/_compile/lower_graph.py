@@ -254,6 +254,20 @@ class _Walker:
             results.append(_Val(ids[0], m))
         return results
 
+    def with_effects(self, args, kwargs):
+        """AOTAutograd's wrapper of an effectful op (token in, token out). An op
+        that returns nothing and has a lowering (_linalg_check_errors: a device
+        check) is lowered in place; the program keeps the order of its checks."""
+        token, op, *rest = args
+        schema = getattr(op, "_schema", None)
+        target = registry_lowering(schema) if schema is not None and not schema.returns else None
+        if target is None or target[2]:
+            raise Unsupported(op, "an effectful op (with_effects) with no graph lowering")
+        ids, mutations = self.prog.call(target[0], target[1], self.pack(schema, rest, kwargs), [])
+        if mutations:
+            raise Unsupported(op, "its lowering writes an argument")
+        return (token,)
+
     def decompose(self, op, args, kwargs):
         from torch._decomp import decomposition_table
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -323,6 +337,8 @@ class _Walker:
                         self.fakes[v.id] = node.meta["val"]
                 elif target is operator.getitem:
                     env[node] = a[0][a[1]]
+                elif target is torch.ops.higher_order.with_effects:
+                    env[node] = self.with_effects(a, k)
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
                     raise Unsupported(target, "a Python function on tensors inside the graph")
                 else:

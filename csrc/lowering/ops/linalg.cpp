@@ -77,7 +77,7 @@ std::vector<Value> cholesky_ex(LoweringContext& ctx) {
   if (ctx.to_bool("check_errors", false))
     ctx.check_all(b.compare(Cmp::EQ, info, b.zeros(info.type)),
                   "linalg.cholesky: The factorization could not be completed because the input is not "
-                  "positive-definite.", LoweringContext::CheckError::Runtime);
+                  "positive-definite.", LoweringContext::CheckError::LinAlg);
   return {b.convert(l, out.dtype), b.reshape(info, ctx.out(1).shape)};
 }
 
@@ -92,7 +92,7 @@ std::vector<Value> cholesky_op(LoweringContext& ctx) {
   Value info = cholesky_info(b, l);
   ctx.check_all(b.compare(Cmp::EQ, info, b.zeros(info.type)),
                 "cholesky: The factorization could not be completed because the input is not positive-definite.",
-                LoweringContext::CheckError::Runtime);
+                LoweringContext::CheckError::LinAlg);
   return {b.convert(l, out.dtype)};
 }
 
@@ -162,8 +162,38 @@ std::vector<Value> cholesky_inverse(LoweringContext& ctx) {
   return {b.convert(cholesky_solve(b, f, eye, ctx.to_bool("upper", false)), out.dtype)};
 }
 
+// _linalg_check_errors(info, api_name, is_matrix) in a compiled graph (eager
+// keeps PyTorch's kernel: lowering_routes.cpp): a device check that every
+// info is 0, raised at the next host read with CPU's message for the api,
+// less the failing order and batch element the data would give.
+std::vector<Value> check_errors(LoweringContext& ctx) {
+  const Value& info = ctx.tensor("info");
+  std::string api = ctx.str("api_name");
+  auto has = [&](const char* s) { return api.find(s) != std::string::npos; };
+  std::string why = "Unknown error code.";
+  LoweringContext::CheckError kind = LoweringContext::CheckError::LinAlg;
+  if (has("solve")) {
+    why = "The solver failed because the input matrix is singular.";
+  } else if (has("inv")) {
+    why = "A diagonal element is zero, the inversion could not be completed because the input matrix is singular.";
+  } else if (has("cholesky")) {
+    why = "The factorization could not be completed because the input is not positive-definite.";
+  } else if (has("lu_factor")) {
+    why = "A diagonal element of U is zero and using it on lu_solve would result in a division by zero.";
+    kind = LoweringContext::CheckError::Runtime;  // (CPU's lu_factor raises a plain RuntimeError)
+  } else if (has("eig") || has("syevd") || has("svd")) {
+    why = "The algorithm failed to converge because the input matrix is ill-conditioned.";
+  } else if (has("lstsq")) {
+    why = "The least squares solution could not be computed because the input matrix does not have full rank.";
+  }
+  if (info.type.numel() > 0)
+    ctx.check_all(ctx.b.compare(Cmp::EQ, info, ctx.b.zeros(info.type)), api + ": " + why, kind);
+  return {};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("_linalg_check_errors", check_errors);
 TORCH_PJRT_LOWERING("linalg_cholesky_ex", cholesky_ex);
 TORCH_PJRT_LOWERING("cholesky", cholesky_op);
 TORCH_PJRT_LOWERING("linalg_solve_triangular", solve_triangular);

@@ -207,10 +207,11 @@ Value permutation_matrix(Builder& b, const Value& perm, DType dt) {
   return b.convert(hit, dt);
 }
 
-void check_info(LoweringContext& ctx, const Value& info, const std::string& message) {
+// check_errors=True: CPU raises LinAlgError (lu_factor_ex: RuntimeError).
+void check_info(LoweringContext& ctx, const Value& info, const std::string& message,
+                LoweringContext::CheckError kind = LoweringContext::CheckError::LinAlg) {
   if (ctx.to_bool("check_errors", false))
-    ctx.check_all(ctx.b.compare(Cmp::EQ, info, ctx.b.zeros(info.type)), message,
-                  LoweringContext::CheckError::Runtime);
+    ctx.check_all(ctx.b.compare(Cmp::EQ, info, ctx.b.zeros(info.type)), message, kind);
 }
 
 const char* const kSingular = ": The solver failed because the input matrix is singular.";
@@ -225,7 +226,7 @@ std::vector<Value> lu_factor_ex(LoweringContext& ctx) {
                        ctx.to_bool("pivot", true));
   Value info = b.reshape(f.info, info_t.shape);
   check_info(ctx, info, "torch.linalg.lu_factor_ex: a diagonal element of U is zero; using it on lu_solve "
-                        "would result in a division by zero");
+                        "would result in a division by zero", LoweringContext::CheckError::Runtime);
   return {b.convert(b.reshape(f.lu, lu_t.shape), lu_t.dtype), b.reshape(f.pivots, piv_t.shape), info};
 }
 
