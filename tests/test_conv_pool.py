@@ -266,3 +266,16 @@ def test_pool_bad_input_raises_like_cpu():
     check_raises(lambda t: F.avg_pool2d(t, 3, divisor_override=0), x)
     check_raises(lambda t: F.avg_pool3d(t, 2), x[0])  # 3-d input to a 3-d pool
     check_raises(lambda t: F.adaptive_max_pool2d(t, (2, 2, 2)), x)
+
+
+@pytest.mark.parametrize("conv,shape", [(torch.nn.Conv1d, (2, 0, 15)), (torch.nn.Conv2d, (2, 0, 6, 5))])
+def test_conv_with_no_input_channels_is_empty_like_cpu(conv, shape):
+    torch.manual_seed(0)
+    m = conv(0, 8, 2, stride=2)
+    x = torch.randn(shape)
+    expected = m(x)
+    mt, xt = m.to("tpu"), tpu(x).requires_grad_()
+    out = mt(xt)
+    assert out.shape == expected.shape
+    out.sum().backward()
+    assert xt.grad.shape == x.shape and mt.weight.grad.abs().sum().item() == 0

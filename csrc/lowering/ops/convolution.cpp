@@ -221,6 +221,8 @@ std::vector<Value> conv_forward(LoweringContext& ctx) {
   Value x = b.convert(ctx.tensor("input"), md), w = b.convert(ctx.tensor("weight"), md);
   ConvParams p = conv_params(ctx, x.rank() - 2);
   check_forward(ctx, p);
+  // An empty result (no input channels give PyTorch's (N, 0, L) shape).
+  if (out.numel() == 0) return {b.zeros(out)};
   Value y = p.transposed ? transpose(b, x, w, p, spatial(out.shape)) : forward(b, x, w, p);
   if (ctx.has("bias"))
     y = b.binary("add", y, b.broadcast_in_dim(b.convert(ctx.tensor("bias"), md), y.shape(), {1}));
@@ -238,6 +240,11 @@ std::vector<Value> conv_backward(LoweringContext& ctx) {
   std::vector<int64_t> mask = ctx.ints("output_mask");
   if (mask.size() != 3) ctx.fail("output_mask (bool[3]) did not reach the lowering as 3 ints");
   Shape xs = spatial(x.shape()), ks = spatial(w.shape());
+  if (dy.type.numel() == 0) {  // no output element: every gradient is 0
+    std::vector<Value> zeros;
+    for (const TensorType& t : ctx.outputs) zeros.push_back(b.zeros(t));
+    return zeros;
+  }
 
   std::vector<Value> res;
   if (mask[0]) {
