@@ -288,3 +288,12 @@ def test_small_uploads_are_private_copies_not_views_of_host_memory():
     sums = [d.sum() for d in devs]
     for i in reversed(range(300)):
         assert sums[i].item() == 3.0 * i
+
+
+def test_sparse_gradients_raise_a_clear_not_implemented_error():
+    emb = torch.nn.Embedding(10, 3, sparse=True).to("tpu")
+    with pytest.raises(NotImplementedError, match=r"sparse tensors are not supported on device tpu.*sparse=False"):
+        emb(torch.tensor([7, 1, 3], device="tpu")).sum().backward()
+    dense = torch.nn.Embedding(10, 3).to("tpu")  # the dense gradient works
+    dense(torch.tensor([7, 1, 3], device="tpu")).sum().backward()
+    assert dense.weight.grad.cpu()[7].tolist() == [1.0, 1.0, 1.0]
