@@ -479,3 +479,28 @@ def test_result_dtype_follows_the_default_dtype_after_a_change(first):
                 assert_same(fn(tpu(x)), fn(x), rtol=1e-6, atol=1e-6)
     finally:
         torch.set_default_dtype(saved)
+
+
+@pytest.mark.parametrize("op", ["div", "div_int_scalar", "add_float", "mul_float", "true_divide", "lt_float"])
+def test_integers_promote_to_the_default_dtype_float64(op):
+    fns = {"div": lambda a, b: torch.div(a, b), "div_int_scalar": lambda a, b: a / 3,
+           "add_float": lambda a, b: a + 0.1, "mul_float": lambda a, b: a * 1.1,
+           "true_divide": lambda a, b: torch.true_divide(a, b), "lt_float": lambda a, b: a < 7.000000000000001}
+    a = torch.tensor([900450186894289455, 3969543146641149120, 7, 1])
+    b = torch.tensor([-3351879377641490903, 2635190182192565280, 3, 3])
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        expected, actual = fns[op](a, b), fns[op](tpu(a), tpu(b)).cpu()
+    finally:
+        torch.set_default_dtype(old)
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected), (actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_division_by_a_python_int_is_cpus_quotient(dtype):
+    # (not x * (1 / 3): XLA's rewrite of a constant divisor is 1 ulp off in a third of the elements)
+    x = make((4096,), dtype, low=-100, high=100, seed=5)
+    for s in (3, 10, 7):
+        assert torch.equal((tpu(x) / s).cpu(), x / s)
+        assert torch.equal(torch.div(tpu(x), s, rounding_mode="trunc").cpu(), torch.div(x, s, rounding_mode="trunc"))

@@ -482,6 +482,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     if (!inplace) for (const at::Tensor& t : meta_stack[0].toTensorList()) metas.push_back(t);
     for (size_t e = 0; e < n; ++e) {
       lowering::LoweringContext ctx{b, base, overload, {}, {}, rng_state};
+      ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
       for (size_t i = 0; i < forms.size(); ++i) {
         const ArgForm& f = forms[i];
         Arg a = f.per_element ? f.elems.at(e) : f.whole;
@@ -515,6 +516,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   } else {
     lowering::LoweringContext ctx{b, base, overload, {}, {}, rng_state};
     ctx.checks_enabled = checks_enabled();
+    ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
     for (auto& f : forms) ctx.args.push_back(f.whole);
     // Result types: tensor returns, from the meta results.
     for (size_t r = 0; r < srets.size(); ++r) {

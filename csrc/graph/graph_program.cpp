@@ -104,6 +104,7 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   }
   lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
   ctx.checks_enabled = eager::checks_enabled();
+  ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
   for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
   std::vector<Value> res = info->fn(ctx);
   for (const auto& c : ctx.checks) {

@@ -57,6 +57,9 @@ struct LoweringContext {
   std::vector<TensorType> outputs;
   // A u64[2] random state input, present when the op asked for one.
   std::optional<Value> rng_state;
+  // torch.get_default_dtype(): what integers and Python floats promote to
+  // (int / int, int_tensor * 1.5). Eager plans are keyed by it.
+  DType default_float = DType::F32;
   // New values for mutable arguments (Tensor(a!)) that the op writes but does
   // not return, e.g. native_batch_norm's running_mean; the executor writes them.
   struct Mutation {

@@ -66,7 +66,14 @@ void check_divisor(LoweringContext& ctx, const Value& d) {
 template <class Fn>
 Value divide_operands(LoweringContext& ctx, DType mt, const Fn& fn) {
   const Shape& shape = ctx.out().shape;
-  Value d = operand_as(ctx, "other", mt, shape);
+  Value d = ctx.operand("other", mt);
+  // XLA turns x / c for a constant c into x * (1 / c), 1 ulp off CPU's
+  // quotient in a third of the elements (x / 3): a constant divisor (a
+  // Python int) goes through a barrier, as runtime scalars and tensors do.
+  const Arg& other = ctx.arg("other");
+  if (is_float(mt) && (other.kind == Arg::Tensor ? other.wrapped_number : !other.dynamic))
+    d = ctx.b.op("stablehlo.optimization_barrier", {d}, d.type);
+  d = ctx.b.broadcast_to(d, shape);
   check_divisor(ctx, d);
   return fn(operand_as(ctx, "self", mt, shape), d);
 }
@@ -75,7 +82,7 @@ std::vector<Value> div(LoweringContext& ctx) {
   Builder& b = ctx.b;
   std::string mode = ctx.str("rounding_mode");
   DType dt = compute_dtype(ctx, "self", "other");
-  if (mode.empty() && !is_float(dt) && !is_complex(dt)) dt = DType::F32;  // true division of integers
+  if (mode.empty() && !is_float(dt) && !is_complex(dt)) dt = ctx.default_float;  // true division of integers
   DType mt = scalar_math_dtype(ctx, dt);
   Value q = divide_operands(ctx, mt, [&](const Value& a, const Value& d) {
     if (mode == "floor") return floor_divide(b, a, d);

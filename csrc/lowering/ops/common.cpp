@@ -6,7 +6,7 @@
 namespace torch_pjrt::lowering::ops {
 
 DType compute_dtype(const LoweringContext& ctx, const std::string& a, const std::string& b) {
-  return result_type({ctx.promotion(a), ctx.promotion(b)});
+  return result_type({ctx.promotion(a), ctx.promotion(b)}, ctx.default_float);
 }
 
 Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, const Shape& shape) {

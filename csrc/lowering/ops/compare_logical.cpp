@@ -58,7 +58,7 @@ std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
   std::vector<PromotionOperand> ops{ctx.promotion("self")};
   for (const char* b : {lo, hi})
     if (b && ctx.has(b)) ops.push_back(ctx.promotion(b));
-  DType dt = result_type(ops);
+  DType dt = result_type(ops, ctx.default_float);
   Value r = operand_as(ctx, "self", dt, shape);
   if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape), true);
   if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape), true);
