@@ -555,3 +555,15 @@ def test_equal_on_the_device(no_cpu_fallback):
         assert torch.equal(tpu(a), tpu(b)) == torch.equal(a, b)
     with pytest.raises(RuntimeError, match="different devices"):  # as on CUDA
         torch.equal(tpu(x), x)
+
+
+@pytest.mark.parametrize("name", ["sinh", "cosh"])
+def test_sinh_cosh_float32_within_four_ulp_everywhere(name, no_cpu_fallback):
+    # (XLA's expansion alone was 5-12 ulp off above |x| = 5, and is ~3 below |x| = 1; float64 reference.)
+    x = torch.linspace(-89.4, 89.4, 20001)
+    ref = getattr(torch, name)(x.double())
+    actual = getattr(torch, name)(tpu(x)).cpu().double()
+    err = ((actual - ref).abs() / ref.abs().clamp_min(1e-30)) / torch.finfo(torch.float32).eps
+    assert err.max().item() < 4.0
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-30])
+    torch.testing.assert_close(getattr(torch, name)(tpu(special)).cpu(), getattr(torch, name)(special), equal_nan=True)
