@@ -1,0 +1,69 @@
+"""LU-based linear algebra on tpu against PyTorch's CPU (LAPACK), one process.
+
+torch.linalg.solve, inv and det on a batch of n x n float32 matrices: the
+first tpu call (compile, or a persistent-cache load) apart, then the median
+of --repeats warm calls of each, each synced (a host read of a reduction of
+the result), side by side with CPU's median in the same run. The tpu LU is a
+column-at-a-time loop (csrc/lowering/ops/lu.cpp), so the ratio falls with n.
+
+    python benchmarks/linalg.py [--sizes 8,32,128,256] [--batch 16] [--repeats 20] [--markdown]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+import torch_pjrt  # noqa: F401
+
+OPS = {
+    "solve": lambda a, b: torch.linalg.solve(a, b),
+    "inv": lambda a, b: torch.linalg.inv(a),
+    "det": lambda a, b: torch.linalg.det(a),
+}
+
+
+def timed(fn, a, b):
+    t0 = time.perf_counter()
+    fn(a, b).sum().item()
+    return time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="8,32,128,256")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    rows = []
+    for n in [int(s) for s in args.sizes.split(",")]:
+        g = torch.Generator().manual_seed(n)
+        a = torch.randn(args.batch, n, n, generator=g) / n ** 0.5 + torch.eye(n)  # det stays finite
+        b = torch.randn(args.batch, n, 4, generator=g)
+        at, bt = a.to("tpu"), b.to("tpu")
+        for name, fn in OPS.items():
+            first = timed(fn, at, bt)
+            cpu, dev = [], []
+            for _ in range(args.repeats):  # alternating, so both see the same machine
+                cpu.append(timed(fn, a, b))
+                dev.append(timed(fn, at, bt))
+            ref = fn(a, b)
+            err = ((fn(at, bt).cpu() - ref).norm() / ref.norm()).item()  # relative, norm-wise
+            c, d = statistics.median(cpu) * 1e3, statistics.median(dev) * 1e3
+            rows.append((name, n, first * 1e3, d, c, c / d, err))
+    head = ("op", "n", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "cpu / tpu", "rel. diff (norm)")
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.2f}x | {r[6]:.1e} |")
+    else:
+        print("%-6s %5s %20s %14s %10s %10s %16s" % head)
+        for r in rows:
+            print("%-6s %5d %20.1f %14.3f %10.3f %9.2fx %16.1e" % r)
+    print(f"batch {args.batch}, float32, median of {args.repeats} synced calls each")
+
+
+if __name__ == "__main__":
+    main()
