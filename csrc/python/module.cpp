@@ -191,6 +191,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["constant_buffers"] = static_cast<int64_t>(runtime::constant_buffer_count());
     d["executable_cache_bytes"] = runtime::ProgramCache::get().bytes();
     d["executable_cache_evictions"] = runtime::ProgramCache::get().evictions();
+    d["executable_cache_mapping_evictions"] = runtime::ProgramCache::get().mapping_evictions();
     d["queue_full_waits"] = mt.queue_full_waits.load();
     d["memory_drains"] = mt.memory_drains.load();
     d["out_of_memory_errors"] = mt.out_of_memory_errors.load();

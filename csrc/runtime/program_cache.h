@@ -7,6 +7,12 @@
 // TORCH_PJRT_EXECUTABLE_CACHE_BYTES (a size such as "1GiB"; default 2 GiB)
 // of the executables' generated code as the plugin reports it (a fixed
 // estimate per entry when it reports none). 0 means no bound.
+// And by the process's memory mappings (mappings.h): past
+// TORCH_PJRT_EXECUTABLE_CACHE_MAPPINGS (default half of vm.max_map_count;
+// 0: no bound), the least recently used eighth of the entries is dropped
+// until the process is under it again (looked at after every 0.1 s of
+// compiling or loading, every 64 insertions, and every one above a quarter
+// of the limit).
 #pragma once
 
 #include <cstdint>
@@ -40,8 +46,11 @@ class ProgramCache {
   int64_t evictions() const;
   int64_t max_entries() const;
   int64_t max_bytes() const;
+  int64_t mapping_evictions() const;
 
  private:
+  // Drops old entries while the process's mappings are past the bound.
+  void relieve_mapping_pressure();
   struct Entry {
     std::shared_ptr<void> value;
     int64_t bytes;
@@ -62,6 +71,11 @@ class ProgramCache {
   int64_t evictions_ = 0;
   int64_t max_entries_;
   int64_t max_bytes_;
+  int64_t max_mappings_;
+  int puts_since_sample_ = 0;
+  int sample_every_ = 64;
+  double work_at_sample_ = 0;  // compile + load seconds when last looked
+  int64_t mapping_evictions_ = 0;
 };
 
 }  // namespace torch_pjrt::runtime
