@@ -567,3 +567,5 @@ def test_sinh_cosh_float32_within_four_ulp_everywhere(name, no_cpu_fallback):
     assert err.max().item() < 4.0
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-30])
     torch.testing.assert_close(getattr(torch, name)(tpu(special)).cpu(), getattr(torch, name)(special), equal_nan=True)
+    z = torch.tensor([1 + 2j, -3 + 0.5j, 20 - 1j], dtype=torch.complex64)  # complex: XLA's own form
+    torch.testing.assert_close(getattr(torch, name)(tpu(z)).cpu(), getattr(torch, name)(z))

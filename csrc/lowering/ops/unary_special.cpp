@@ -180,6 +180,7 @@ namespace {
 // from 89.42.)
 Value sinh_or_cosh(Builder& b, const Value& x, bool cosh) {
   Value r = b.op(cosh ? "chlo.cosh" : "chlo.sinh", {x}, x.type);
+  if (is_complex(x.dtype())) return r;  // (CHLO's complex form)
   bool f64 = x.dtype() == DType::F64;
   Value ax = b.unary("abs", x), half = splat_like(b, 0.5, x);
   Value both = b.binary(cosh ? "add" : "subtract", b.unary("exponential", ax),
