@@ -11,8 +11,7 @@
 // TORCH_PJRT_EXECUTABLE_CACHE_MAPPINGS (default half of vm.max_map_count;
 // 0: no bound), the least recently used eighth of the entries is dropped
 // until the process is under it again (looked at after every 0.1 s of
-// compiling or loading, every 64 insertions, and every one above a quarter
-// of the limit).
+// compiling or loading and every 64 insertions).
 #pragma once
 
 #include <cstdint>
@@ -73,7 +72,7 @@ class ProgramCache {
   int64_t max_bytes_;
   int64_t max_mappings_;
   int puts_since_sample_ = 0;
-  int sample_every_ = 64;
+  static constexpr int sample_every_ = 64;
   double work_at_sample_ = 0;  // compile + load seconds when last looked
   int64_t mapping_evictions_ = 0;
 };
