@@ -112,7 +112,6 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
     Value next = b.select(b.binary("and", below3, b.compare(Cmp::GT, c3, j3)), update,
                           b.select(b.binary("and", below3, b.compare(Cmp::EQ, c3, j3)), l, swapped));
     // Pivot record and info.
-    TensorType piv_t{DType::I32, {bt, k}};
     Value at_j = b.compare(Cmp::EQ, b.iota(TensorType{DType::I64, {bt, k}}, 1), b.broadcast_in_dim(j, {bt, k}, {}));
     Value p1 = b.convert(b.binary("add", p, b.splat(Scalar::from_int(1), p.type)), DType::I32);
     Value piv = b.select(at_j, b.broadcast_in_dim(p1, {bt, k}, {0}), s[2]);
