@@ -3,8 +3,9 @@
 torch.linalg.solve, inv and det on a batch of n x n float32 matrices: the
 first tpu call (compile, or a persistent-cache load) apart, then the median
 of --repeats warm calls of each, each synced (a host read of a reduction of
-the result), side by side with CPU's median in the same run. The tpu LU is a
-column-at-a-time loop (csrc/lowering/ops/lu.cpp), so the ratio falls with n.
+the result), side by side with CPU's median in the same run. The tpu LU is
+blocked with static shapes (csrc/lowering/ops/lu.cpp: each panel of 8 columns
+passes over the whole matrix), so the ratio falls with n.
 
     python benchmarks/linalg.py [--sizes 8,32,128,256] [--batch 16] [--repeats 20] [--markdown]
 """

@@ -28,6 +28,42 @@ def test_lu_factor_lu_and_unpack_as_lapack(shape, dtype, no_cpu_fallback):
     assert_same(torch.lu_unpack(t.LU, t.pivots, unpack_data=False), torch.lu_unpack(c.LU, c.pivots, unpack_data=False))
 
 
+# Orders from 16 on take the blocked factorization (panels of 8 columns):
+# one panel and a bit, several, rectangular both ways, batched.
+@pytest.mark.parametrize("shape", [(16, 16), (3, 37, 37), (40, 29), (29, 40), (2, 64, 64), (17, 50)])
+def test_blocked_factorization_as_lapack(shape, no_cpu_fallback):
+    a = rand(shape, 2)
+    c, t = torch.linalg.lu_factor_ex(a), torch.linalg.lu_factor_ex(tpu(a))
+    assert_same(t.LU, c.LU, **F64)
+    assert_same(t.pivots, c.pivots)
+    assert_same(t.info, c.info)
+    if shape[-1] == shape[-2]:
+        b = rand(shape[:-1] + (3,), 3)
+        assert_same(torch.linalg.solve(tpu(a), tpu(b)), torch.linalg.solve(a, b), **F64)
+        assert_same(torch.linalg.inv(tpu(a)), torch.linalg.inv(a), **F64)
+        assert_same(torch.linalg.slogdet(tpu(a)), torch.linalg.slogdet(a), **F64)
+
+
+def test_blocked_factorization_singular_and_nonfinite_like_cpu():
+    # Zero columns in the first and a later panel: info is the first zero
+    # pivot's order; an inf in the trailing block must not turn the L of
+    # earlier columns into NaN.
+    a = rand((2, 40, 40), 4)
+    a[0, :, 30] = 0
+    a[1, :, 5] = 0
+    a[1, :, 33] = 0
+    c, t = torch.linalg.lu_factor_ex(a), torch.linalg.lu_factor_ex(tpu(a))
+    assert_same(t.info, c.info)
+    assert_same(t.pivots, c.pivots)
+    assert_same(t.LU, c.LU, **F64)
+    b = rand((40, 40), 5)
+    b[35, 38] = float("inf")
+    c, t = torch.linalg.lu_factor_ex(b), torch.linalg.lu_factor_ex(tpu(b))
+    assert_same(t.pivots, c.pivots)
+    assert torch.equal(t.LU.cpu().isnan(), c.LU.isnan())
+    assert_same(t.LU[:, :32], c.LU[:, :32], **F64)
+
+
 def test_pivot_is_the_first_largest_magnitude():
     # Ties in magnitude (3 and -3) pick the first row, as LAPACK's idamax does.
     a = torch.tensor([[1.0, 2.0, 0.0], [3.0, 1.0, 1.0], [-3.0, 5.0, 2.0]])

@@ -294,6 +294,12 @@ Value Builder::dynamic_update_slice(const Value& x, const Value& update, const S
   return op("stablehlo.dynamic_update_slice", operands, x.type);
 }
 
+Value Builder::dynamic_update_slice_at(const Value& x, const Value& update, const std::vector<Value>& start) {
+  std::vector<Value> operands{x, update};
+  operands.insert(operands.end(), start.begin(), start.end());
+  return op("stablehlo.dynamic_update_slice", operands, x.type);
+}
+
 Value Builder::dynamic_slice(const Value& x, const std::vector<Value>& start, const Shape& sizes) {
   std::vector<Value> operands{x};
   operands.insert(operands.end(), start.begin(), start.end());

@@ -48,6 +48,8 @@ class Builder {
   Value reverse(const Value& x, const std::vector<int64_t>& dims);
   Value iota(const TensorType& type, int64_t dim);
   Value dynamic_update_slice(const Value& x, const Value& update, const Shape& start);
+  // The same with runtime start indices (0-d i64 values).
+  Value dynamic_update_slice_at(const Value& x, const Value& update, const std::vector<Value>& start);
   Value dynamic_slice(const Value& x, const std::vector<Value>& start, const Shape& sizes);
   // Reduce `x` over `dims` with a binary body op ("stablehlo.add", "stablehlo.maximum", ...).
   Value reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,
