@@ -315,30 +315,29 @@ std::string Builder::binary_region(DType dtype, const std::string& body_op) {
          s.str() + "\n      \"stablehlo.return\"(" + r + ") : (" + s.str() + ") -> ()\n    }";
 }
 
+std::string Builder::region(const std::vector<TensorType>& types, const LoopFn& fn) {
+  // Emitted into body_ by the callback, then cut out of it.
+  std::string outer;
+  std::swap(outer, body_);
+  std::vector<Value> args;
+  std::string sig;
+  for (size_t i = 0; i < types.size(); ++i) {
+    args.push_back(Value{fresh(), types[i]});
+    sig += (i ? ", " : "") + args.back().id + ": " + types[i].str();
+  }
+  std::vector<Value> results = fn(*this, args);
+  std::string inner;
+  std::swap(inner, body_);
+  body_ = std::move(outer);
+  return "{\n    ^bb0(" + sig + "):\n" + inner + "    \"stablehlo.return\"(" + ids_of(results) + ") : (" +
+         types_of(results) + ") -> ()\n    }";
+}
+
 std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const LoopFn& cond,
                                        const LoopFn& body) {
   std::vector<TensorType> types;
   for (const Value& v : init) types.push_back(v.type);
-  // Each region is emitted into body_ by the callback, then cut out of it.
-  auto region = [&](const LoopFn& fn) {
-    std::string outer;
-    std::swap(outer, body_);
-    std::vector<Value> args;
-    std::string sig;
-    for (size_t i = 0; i < types.size(); ++i) {
-      args.push_back(Value{fresh(), types[i]});
-      sig += (i ? ", " : "") + args.back().id + ": " + types[i].str();
-    }
-    std::vector<Value> results = fn(*this, args);
-    std::string inner;
-    std::swap(inner, body_);
-    body_ = std::move(outer);
-    return "{\n    ^bb0(" + sig + "):\n" + inner + "    \"stablehlo.return\"(" + ids_of(results) + ") : (" +
-           types_of(results) + ") -> ()\n    }";
-  };
-  std::string regions = region(cond);
-  regions += ", " + region(body);
-  return op_multi("stablehlo.while", init, types, "", regions);
+  return op_multi("stablehlo.while", init, types, "", region(types, cond) + ", " + region(types, body));
 }
 
 Value Builder::reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,

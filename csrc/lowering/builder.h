@@ -70,6 +70,9 @@ class Builder {
   using LoopFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
   std::vector<Value> while_loop(const std::vector<Value>& init, const LoopFn& cond, const LoopFn& body);
 
+  // A region whose block arguments have `types`; `fn` emits its body and
+  // returns what it yields (while's cond and body, a variadic reduction's body).
+  std::string region(const std::vector<TensorType>& types, const LoopFn& fn);
   // A region `{ ^bb0(%a: T, %b: T): %r = body(%a, %b); return %r }` for reduce/scatter.
   std::string binary_region(DType dtype, const std::string& body_op);
   // A scatter's update region: `combine_op` ("stablehlo.add", ...) or, when

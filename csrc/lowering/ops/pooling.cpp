@@ -3,9 +3,10 @@
 // max_poolNd/adaptive_avg_poolNd are CompositeImplicitAutograd over these.
 //
 // Every lowering works on the input viewed as [P, spatial...] (P = N*C or C)
-// and reshapes its result to the shape the Meta kernel gave. Max pooling and
-// adaptive pooling gather each output's window elements into a trailing dim
-// [P, out..., K]; indices are flat positions within a plane, as on CPU.
+// and reshapes its result to the shape the Meta kernel gave. Max pooling is
+// one variadic reduce_window over (value, flat index) pairs; adaptive
+// pooling gathers each output's window elements into a trailing dim
+// [P, out..., K]. Indices are flat positions within a plane, as on CPU.
 // Half types are accumulated in float32 and rounded once.
 #include <algorithm>
 #include <cstdint>
@@ -78,36 +79,6 @@ Value flat_index(Builder& b, const Shape& sp) {
     step *= sp[i];
   }
   return acc;
-}
-
-// Windows of a strided pooling: x [P, s...] padded with `fill`, one strided
-// slice per kernel offset (row-major, as CPU scans), stacked as [P, out..., K].
-Value strided_windows(Builder& b, const Value& x, const Value& fill, const PoolParams& p, const Shape& out) {
-  size_t nd = out.size();
-  Shape lo{0}, hi{0};
-  for (size_t i = 0; i < nd; ++i) {
-    int64_t in = x.shape()[i + 1];
-    lo.push_back(p.padding[i]);
-    // ceil_mode's last window may run past the padding.
-    hi.push_back(std::max<int64_t>((out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in - p.padding[i], 0));
-  }
-  Value xp = b.pad(x, fill, lo, hi);
-  Shape one{x.shape()[0]};
-  one.insert(one.end(), out.begin(), out.end());
-  one.push_back(1);
-  std::vector<Value> parts;
-  Shape off(nd, 0);
-  for (int64_t n = numel(p.kernel); n > 0; --n) {
-    Shape start{0}, limit{x.shape()[0]}, strides{1};
-    for (size_t i = 0; i < nd; ++i) {
-      start.push_back(off[i] * p.dilation[i]);
-      limit.push_back(start.back() + (out[i] - 1) * p.stride[i] + 1);
-      strides.push_back(p.stride[i]);
-    }
-    parts.push_back(b.reshape(b.slice(xp, start, limit, strides), one));
-    for (int64_t i = static_cast<int64_t>(nd) - 1; i >= 0 && ++off[i] == p.kernel[i]; --i) off[i] = 0;
-  }
-  return b.concatenate(parts, static_cast<int64_t>(nd) + 1);
 }
 
 // x with dim `dim` replaced by x[..., idx[m], ...] for a 1-d i64 `idx`.
@@ -242,16 +213,79 @@ Value reduce_window_sum(Builder& b, const Value& x, const Shape& window, const S
 
 // ---- lowerings ------------------------------------------------------------------------------
 
+// (value, index) pairs ordered so that the greatest is the element CPU's
+// kernels keep (see window_max): any NaN above every number, the last NaN
+// first among NaNs, then the larger value, then the first index. A total
+// order, so a reduction in any order picks the same pair.
+std::vector<Value> max_pair(Builder& b, const std::vector<Value>& s) {
+  const Value &v1 = s[0], &i1 = s[1], &v2 = s[2], &i2 = s[3];
+  Value second = b.binary("or", b.compare(Cmp::GT, v2, v1),
+                          b.binary("and", b.compare(Cmp::EQ, v2, v1), b.compare(Cmp::LT, i2, i1)));
+  if (is_float(v1.dtype())) {
+    Value n1 = b.compare(Cmp::NE, v1, v1), n2 = b.compare(Cmp::NE, v2, v2);
+    Value nan_wins = b.binary("and", n2, b.binary("or", b.unary("not", n1), b.compare(Cmp::GT, i2, i1)));
+    second = b.binary("or", nan_wins, b.binary("and", second, b.unary("not", n1)));
+  }
+  return {b.select(second, v2, v1), b.select(second, i2, i1)};
+}
+
+// One variadic reduce_window over (values, flat indices): no window is
+// materialized, and the program's size does not grow with the kernel.
 std::vector<Value> max_pool(LoweringContext& ctx, size_t nd) {
   Builder& b = ctx.b;
   const Value& self = ctx.tensor("self");
   PoolParams p = pool_params(ctx, nd);
   Shape out = last(ctx.out(0).shape, nd);
   Value x = planes(b, self, nd);
-  Value v = strided_windows(b, x, lowest(b, x.dtype()), p, out);
-  Value idx = strided_windows(b, flat_index(b, last(x.shape(), nd)), b.constant_int(kNoIndex, DType::I64), p, out);
-  auto [m, i] = window_max(b, v, b.broadcast_in_dim(idx, v.shape(), range(0, v.rank())));
-  return {b.reshape(m, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
+  Shape in = last(x.shape(), nd);
+  Value idx = b.broadcast_in_dim(flat_index(b, in), TensorType{DType::I64, x.shape()}.shape, range(0, x.rank()));
+  Shape window{1}, strides{1}, dil{1}, size{x.shape()[0]};
+  std::string pad = "dense<[[0, 0]";
+  for (size_t i = 0; i < nd; ++i) {
+    window.push_back(p.kernel[i]);
+    strides.push_back(p.stride[i]);
+    dil.push_back(p.dilation[i]);
+    size.push_back(out[i]);
+    // ceil_mode's last window may run past the padding.
+    int64_t hi = std::max<int64_t>(
+        (out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i], 0);
+    pad += ", [" + std::to_string(p.padding[i]) + ", " + std::to_string(hi) + "]";
+  }
+  pad += "]> : tensor<" + std::to_string(nd + 1) + "x2xi64>";
+  Shape full{x.shape()[0]};
+  for (size_t i = 0; i < nd; ++i) {
+    int64_t lo_hi = p.padding[i] + std::max<int64_t>(
+        (out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i], 0);
+    full.push_back((in[i] + lo_hi - p.dilation[i] * (p.kernel[i] - 1) - 1) / p.stride[i] + 1);
+  }
+  TensorType vs{x.dtype(), {}}, is{DType::I64, {}};
+  std::vector<Value> r = b.op_multi(
+      "stablehlo.reduce_window", {x, idx, lowest(b, x.dtype()), b.constant_int(kNoIndex, DType::I64)},
+      {TensorType{x.dtype(), full}, TensorType{DType::I64, full}},
+      "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " +
+          i64_array(strides) + ", window_dilations = " + i64_array(dil),
+      b.region({vs, is, vs, is}, max_pair));
+  Shape zero(nd + 1, 0);
+  Value index = b.slice(r[1], zero, size);
+  // A window wholly in the padding (dilation can make one): CPU's index is
+  // its first position moved into the plane by whole dilation steps.
+  Shape os{1};
+  os.insert(os.end(), out.begin(), out.end());
+  TensorType ot{DType::I64, os};
+  Value start = b.zeros(ot);
+  int64_t step = 1;
+  for (int64_t i = static_cast<int64_t>(nd) - 1; i >= 0; --i) {
+    auto c = [&](int64_t v) { return b.splat(Scalar::from_int(v), ot); };
+    Value s0 = b.binary("subtract", b.binary("multiply", b.iota(ot, i + 1), c(p.stride[i])), c(p.padding[i]));
+    // s0 < 0: add ceil(-s0 / dilation) steps.
+    Value steps = b.binary("divide", b.binary("add", b.unary("negate", s0), c(p.dilation[i] - 1)), c(p.dilation[i]));
+    s0 = b.select(b.compare(Cmp::LT, s0, c(0)), b.binary("add", s0, b.binary("multiply", steps, c(p.dilation[i]))), s0);
+    start = b.binary("add", start, b.binary("multiply", s0, c(step)));
+    step *= in[i];
+  }
+  index = b.select(b.compare(Cmp::EQ, index, b.splat(Scalar::from_int(kNoIndex), index.type)),
+                   b.broadcast_in_dim(start, index.shape(), range(0, index.rank())), index);
+  return {b.reshape(b.slice(r[0], zero, size), ctx.out(0).shape), b.reshape(index, ctx.out(1).shape)};
 }
 
 // max_pool*_with_indices_backward and adaptive_max_pool*_backward: each output's
