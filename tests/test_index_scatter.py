@@ -376,6 +376,24 @@ def test_histc_integers_count_like_cuda(no_cpu_fallback, dtype):
     assert torch.histc(tpu(ids), bins=8, min=0, max=7).cpu().tolist() == torch.bincount(ids.long(), minlength=8).tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histc_data_range_is_checked_at_the_call_like_cpu(dtype):
+    # min == max: the range comes from the data. CPU raises at the call when
+    # it is not finite, naming it; nothing is left pending for a later read.
+    for vals in ([float("inf")], [float("-inf")], [1.0, 2.0, float("inf")], [float("nan")]):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.histc(torch.tensor(vals, dtype=dtype))
+        with pytest.raises(RuntimeError) as dev:
+            torch.histc(tpu(torch.tensor(vals, dtype=dtype)))
+        assert str(cpu.value).split("\n")[0] in str(dev.value), (str(cpu.value), str(dev.value))
+    assert (torch.ones(2, device="tpu") * 3).sum().item() == 6.0
+    # A constant input is widened by at least one step of its type, as CPU
+    # (1e38 - 1 is 1e38): the value lands in the middle bin.
+    for v in (5.0, 0.0, 1e38, -3e38):
+        x = torch.tensor([v, v], dtype=dtype)
+        assert_same(torch.histc(tpu(x), bins=4), torch.histc(x, bins=4), rtol=0, atol=0)
+
+
 def test_scatter_with_an_empty_index_of_lower_rank():
     # An empty 1-d index into a 2-d self is a no-op on CPU; tpu's program failed to compile.
     x, idx, src = make((2, 3)), torch.tensor([], dtype=torch.long), make((2, 3))

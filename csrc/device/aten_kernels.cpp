@@ -13,6 +13,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <limits>
+
 #include "device/current_device.h"
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
@@ -357,6 +360,41 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
   return at::eq(self, other).all().item<bool>();
 }
 
+// histc with min == max takes its range from the data, and CPU (and CUDA,
+// which reads the extremes to the host too) raises at the call when that
+// range is not finite, naming it. So the extremes are read here (one host
+// read) and checked with CPU's message; the lowering computes the histogram.
+void histc_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  const at::Tensor& self = (*stack)[stack->size() - n].toTensor();
+  double lo = (*stack)[stack->size() - n + 2].toScalar().toDouble();
+  double hi = (*stack)[stack->size() - n + 3].toScalar().toDouble();
+  if (lo == hi && self.numel() > 0 && at::isFloatingType(self.scalar_type())) {
+    auto [mn, mx] = at::aminmax(self);
+    at::Tensor both = at::stack({mn, mx}).to(at::kDouble).cpu();
+    lo = both[0].item<double>();
+    hi = both[1].item<double>();
+    at::ScalarType st = self.scalar_type();
+    if (lo == hi) {  // as the lowering: -1/+1, for float and double at least one step of the type
+      double l0 = lo, h0 = hi, inf = std::numeric_limits<double>::infinity();
+      lo -= 1;
+      hi += 1;
+      if (st == at::kFloat || st == at::kDouble) {
+        auto step = [&](double v, double toward) {
+          at::TensorOptions o = at::TensorOptions().dtype(st);
+          return at::nextafter(at::scalar_tensor(v, o), at::scalar_tensor(toward, o)).item<double>();
+        };
+        lo = std::min(lo, step(l0, -inf));
+        hi = std::max(hi, step(h0, inf));
+      }
+    }
+    TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi,
+                "] is not finite");
+    TORCH_CHECK(lo < hi, "torch.histc: max must be larger than min");
+  }
+  eager::lowering_fallback(op, stack);
+}
+
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -416,6 +454,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&with_device_indices>());
   m.impl("masked_select", masked_select);
   m.impl("equal", equal);
+  m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
+  m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   // PyTorch's CompositeExplicitAutograd mode_out accepts CPU, CUDA and XPU
   // only: the out= form takes the fallback's path as the functional one does.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());

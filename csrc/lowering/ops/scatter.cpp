@@ -281,7 +281,8 @@ std::vector<Value> index_reduce(LoweringContext& ctx) {
 
 // histc(self, bins, min, max): how many elements fall in each of `bins` equal
 // bins over [min, max], the last bin closed; elements outside (and NaN) are
-// not counted. min == max: the data's extremes; still equal: -1/+1 around them.
+// not counted. min == max: the data's extremes; still equal: -1/+1 around them,
+// or (float and double, as CPU) one step of the type where that is wider.
 // Floats as PyTorch's CPU kernel (HistogramKernel.cpp, linear interpolation
 // without search): bin = int64((x - lo) * bins / (hi - lo)) in the input's
 // type (half types round after each operation, as c10::Half's operators do).
@@ -315,8 +316,16 @@ std::vector<Value> histc(LoweringContext& ctx) {
     Value dhi = b.reshape(b.reduce(x, extreme(true), {0}, "stablehlo.maximum"), {});
     Value same = b.compare(Cmp::EQ, dlo, dhi);
     Value one = fl ? b.constant(1.0, wt) : b.constant_int(1, wt);
-    lo = round(b.select(same, b.binary("subtract", dlo, one), dlo));
-    hi = round(b.select(same, b.binary("add", dhi, one), dhi));
+    Value wider_lo = b.binary("subtract", dlo, one), wider_hi = b.binary("add", dhi, one);
+    if (fl && wt == dt) {  // float and double: at least one step (1e38 - 1 is 1e38, inf - 1 is inf), as CPU
+      auto next = [&](const Value& v, double toward) {
+        return b.op("chlo.next_after", {v, b.constant(Scalar::from_float(toward), wt)}, TensorType{wt, {}});
+      };
+      wider_lo = b.binary("minimum", round(wider_lo), next(dlo, -inf));
+      wider_hi = b.binary("maximum", round(wider_hi), next(dhi, inf));
+    }
+    lo = round(b.select(same, wider_lo, dlo));
+    hi = round(b.select(same, wider_hi, dhi));
     if (fl) {
       Value big = b.constant(Scalar::from_float(inf), wt);
       Value finite = b.binary("and", b.compare(Cmp::LT, b.unary("abs", lo), big),
