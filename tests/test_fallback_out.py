@@ -122,6 +122,19 @@ def test_fallback_out_device_checked():
     assert_same(exponent, e)
 
 
+def test_fallback_reads_are_device_checked():
+    # An op run by the CPU fallback (complex dtypes here) with one operand on
+    # the host raised nothing and returned a CPU tensor; CUDA raises.
+    a = torch.randn(3, dtype=torch.complex64)
+    for fn in (torch.dot, torch.vdot, torch.mul, torch.outer):
+        for x, y in ((a, tpu(a)), (tpu(a), a)):
+            with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+                fn(x, y)
+    # A 0-d CPU tensor stands for a scalar, as CUDA allows.
+    s = torch.tensor(2 + 1j, dtype=torch.complex64)
+    assert_same(torch.mul(tpu(a), s), torch.mul(a, s))
+
+
 def test_resize_keeps_strides_when_size_unchanged():
     # ATen's resize_: same sizes, strides kept; other sizes, contiguous.
     for sizes in [(5, 4), (2, 2), (6, 4)]:

@@ -345,7 +345,7 @@ void with_device_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack
 // (the out= tensor's device checked first, CPU's resize and stride rules;
 // not counted as a fallback: nonzero is a host op by design).
 void nonzero_out(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  eager::check_written_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  eager::check_fallback_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
   at::native::cpu_fallback(op, stack);
 }
 

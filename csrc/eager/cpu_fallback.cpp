@@ -28,10 +28,9 @@ bool fallback_is_error() {
 }  // namespace
 
 // What PyTorch's generated device check (ATen/core/adaption.cpp) raises on
-// CUDA for an op given tensors on two devices: the arguments an op writes
-// (out=, in-place self) must be on the device of its tpu arguments. The CPU
-// kernel would otherwise write into a CPU out= tensor and succeed.
-void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+// CUDA for an op given tensors on two devices. The CPU kernel would
+// otherwise write into a CPU out= tensor, or read a CPU operand, and succeed.
+void check_fallback_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& sargs = op.schema().arguments();
   std::optional<c10::Device> common;
   auto visit_all = [&](auto&& fn) {
@@ -52,6 +51,17 @@ void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   });
   if (!common) return;
   std::string method = op_display_name(op.schema());
+  // Read arguments too, as for lowered ops (op_instance.cpp): a CPU tensor
+  // may stand for a scalar (0-d); packed sequences keep their lengths and
+  // batch sizes on the host by design. Otherwise the CPU kernel would take a
+  // CPU operand as it is and return a CPU result.
+  visit_all([&](const at::Tensor& t, size_t i) {
+    if (!t.defined() || is_write(sargs[i]) || t.device() == *common) return;
+    if (t.device().is_cpu() && (t.dim() == 0 || sargs[i].name() == "lengths" || sargs[i].name() == "batch_sizes"))
+      return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *common,
+                " and ", t.device(), "!");
+  });
   visit_all([&](const at::Tensor& t, size_t i) {
     if (!t.defined() || !is_write(sargs[i]) || t.device() == *common) return;
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", sargs[i].name(), " is on ",
@@ -62,7 +72,7 @@ void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
 
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FlushReason reason("cpu_fallback");  // its inputs' host copies run a fused trace that owes them
-  check_written_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  check_fallback_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
   std::string name = op_display_name(op.schema());
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,
                               " has no lowering for device tpu (plugin '", runtime::Runtime::get().info().name,

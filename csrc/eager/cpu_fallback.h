@@ -9,9 +9,10 @@ namespace torch_pjrt::eager {
 // TORCH_PJRT_FALLBACK=error. (Counts: executor.h cpu_fallback_counts.)
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Raises PyTorch's device-mismatch error when an argument `op` writes (out=,
-// in-place self) is not on the device of its tpu arguments (run_on_cpu
-// checks this first).
-void check_written_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+// Raises PyTorch's device-mismatch error when an argument of `op` is not on
+// the device of its tpu arguments: any it writes (out=, in-place self), and
+// any it reads but a 0-d CPU tensor (a scalar) or a packed sequence's host
+// lengths (run_on_cpu checks this first).
+void check_fallback_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 }  // namespace torch_pjrt::eager
