@@ -395,6 +395,34 @@ void histc_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   eager::lowering_fallback(op, stack);
 }
 
+// The *_ex linear-algebra ops with check_errors=True raise at the call on
+// CPU, with a message that names the failing order and batch element. The
+// lowering's in-program check (kept for compiled graphs) can do neither, so
+// eager runs the op without it, reads `info` and raises as CPU does.
+void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& sargs = op.schema().arguments();
+  size_t n = sargs.size(), base = stack->size() - n;
+  size_t flag = n;
+  for (size_t i = 0; i < n; ++i)
+    if (sargs[i].name() == "check_errors") flag = i;
+  if (flag == n || !(*stack)[base + flag].toBool()) {
+    eager::lowering_fallback(op, stack);
+    return;
+  }
+  bool is_matrix = (*stack)[base].toTensor().dim() == 2;
+  (*stack)[base + flag] = false;
+  eager::lowering_fallback(op, stack);
+  const auto& rets = op.schema().returns();
+  const std::string& name = op.schema().name();
+  const char* api = name == "aten::linalg_inv_ex"           ? "linalg.inv_ex"
+                    : name == "aten::linalg_cholesky_ex"    ? "linalg.cholesky_ex"
+                    : name == "aten::linalg_lu_factor_ex"   ? "torch.linalg.lu_factor_ex"
+                                                            : "torch.linalg.solve_ex";
+  for (size_t j = 0; j < rets.size(); ++j)
+    if (rets[j].name() == "info")
+      at::_linalg_check_errors((*stack)[stack->size() - rets.size() + j].toTensor(), api, is_matrix);
+}
+
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -456,6 +484,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
+  for (const char* op : {"linalg_inv_ex", "linalg_inv_ex.inverse", "linalg_cholesky_ex", "linalg_cholesky_ex.L",
+                         "linalg_lu_factor_ex", "linalg_lu_factor_ex.out", "_linalg_solve_ex", "_linalg_solve_ex.result"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&linalg_ex_checked>());
   // PyTorch's CompositeExplicitAutograd mode_out accepts CPU, CUDA and XPU
   // only: the out= form takes the fallback's path as the functional one does.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
