@@ -169,6 +169,41 @@ def test_singular_matrices_like_cpu():
     assert_same(torch.linalg.lu_factor_ex(tpu(z)), torch.linalg.lu_factor_ex(z))
 
 
+def test_ex_check_errors_raise_at_the_call_with_cpus_message():
+    # check_errors=True: CPU raises at the call, naming the order and the
+    # batch element; nothing may be left pending for a later, unrelated read.
+    s = torch.zeros(3, 3, dtype=torch.float64)
+    s[0, 0] = 1
+    calls = {
+        "inv_ex": lambda x: torch.linalg.inv_ex(x, check_errors=True),
+        "solve_ex": lambda x: torch.linalg.solve_ex(x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device),
+                                                    check_errors=True),
+        "lu_factor_ex": lambda x: torch.linalg.lu_factor_ex(x, check_errors=True),
+        "cholesky_ex": lambda x: torch.linalg.cholesky_ex(x, check_errors=True),
+    }
+    for name, fn in calls.items():
+        for x in (s, torch.stack([torch.eye(3, dtype=torch.float64), s])):
+            with pytest.raises(Exception) as cpu:
+                fn(x)
+            with pytest.raises(Exception) as dev:
+                fn(tpu(x))
+            assert type(dev.value) is type(cpu.value), name
+            assert str(cpu.value).split("\n")[0] in str(dev.value), (name, str(cpu.value), str(dev.value))
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 1"):
+        torch.linalg.cholesky_ex(tpu(-torch.eye(3)), check_errors=True)
+    # cholesky_ex's info is the first pivot that is not positive, as LAPACK's
+    # (XLA's factor is all NaN for a failed matrix: a column loop finds it).
+    a = torch.stack([torch.eye(4, dtype=torch.float64)] * 3)
+    a[0, 2, 2] = -1
+    a[1, 3, 3] = 0
+    a[2, 1, 1] = float("nan")
+    for upper in (False, True):
+        assert_same(torch.linalg.cholesky_ex(tpu(a), upper=upper).info, torch.linalg.cholesky_ex(a, upper=upper).info)
+    assert (torch.ones(2, device="tpu") * 2).sum().item() == 4.0
+    ok = torch.eye(3, dtype=torch.float64) * 2
+    assert_same(torch.linalg.inv_ex(tpu(ok), check_errors=True), torch.linalg.inv_ex(ok, check_errors=True))
+
+
 @pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0), (0, 3, 3), (3, 0), (0, 3)])
 def test_empty_shapes(shape, no_cpu_fallback):
     x = torch.zeros(shape)

@@ -65,6 +65,55 @@ Value cholesky_info(Builder& b, const Value& l) {
   return b.convert(b.select(none, b.zeros(first.type), first), DType::I32);
 }
 
+// XLA's cholesky fills a matrix it cannot factor with NaN, so the factor
+// says only that it failed. LAPACK's info is the order of the first pivot
+// that is not positive: where any matrix failed, a column loop over the
+// triangle potrf reads finds it (the loop runs only then, in a
+// stablehlo.if). x [.., n, n], first [..] i32 (cholesky_info of XLA's factor).
+Value cholesky_failed_order(Builder& b, const Value& x, bool lower, const Value& first) {
+  const int64_t n = x.shape().back(), rank = x.rank();
+  int64_t bt = 1;
+  for (int64_t i = 0; i < rank - 2; ++i) bt *= x.shape()[i];
+  Value a = b.reshape(x, {bt, n, n});
+  if (!lower) a = b.transpose(a, {0, 2, 1});
+  Value l = triangle(b, a, true);
+  TensorType it{DType::I64, {bt, n, n}};
+  Value strict = b.compare(Cmp::GT, b.iota(it, 1), b.iota(it, 2));
+  Value sym = b.binary("add", l, b.transpose(b.select(strict, l, b.zeros(l.type)), {0, 2, 1}));
+  Value f = b.reshape(first, {bt});
+  Value any = b.reduce(b.compare(Cmp::NE, f, b.zeros(f.type)), b.constant(Scalar::from_bool(false), DType::Bool),
+                       {0}, "stablehlo.or");
+  auto search = [=](Builder& b, const std::vector<Value>&) {
+    auto cond = [n](Builder& b, const std::vector<Value>& s) {
+      return std::vector<Value>{b.compare(Cmp::LT, s[0], b.constant_int(n, DType::I64))};
+    };
+    auto body = [=](Builder& b, const std::vector<Value>& s) {
+      const Value &j = s[0], &m = s[1], &info = s[2];
+      Value zero = b.constant_int(0, DType::I64);
+      Value d = b.reshape(b.dynamic_slice(m, {zero, j, j}, {bt, 1, 1}), {bt});
+      Value bad = b.unary("not", b.compare(Cmp::GT, d, b.zeros(d.type)));
+      Value order = b.convert(b.broadcast_in_dim(b.binary("add", j, b.constant_int(1, DType::I64)), {bt}, {}), DType::I32);
+      Value next_info = b.select(b.binary("and", bad, b.compare(Cmp::EQ, info, b.zeros(info.type))), order, info);
+      // The trailing update with this column (a failed matrix's later steps do not matter).
+      Value root = b.select(bad, b.splat(Scalar::from_float(1.0), d.type), b.unary("sqrt", d));
+      Value col = b.reshape(b.dynamic_slice(m, {zero, zero, j}, {bt, n, 1}), {bt, n});
+      Value below = b.compare(Cmp::GT, b.iota(TensorType{DType::I64, {bt, n}}, 1), b.broadcast_in_dim(j, {bt, n}, {}));
+      Value c = b.select(below, b.binary("divide", col, b.broadcast_in_dim(root, {bt, n}, {0})), b.zeros(col.type));
+      Value outer = b.binary("multiply", b.broadcast_in_dim(c, {bt, n, n}, {0, 1}), b.broadcast_in_dim(c, {bt, n, n}, {0, 2}));
+      return std::vector<Value>{b.binary("add", j, b.constant_int(1, DType::I64)), b.binary("subtract", m, outer),
+                                next_info};
+    };
+    Value info = b.while_loop({b.constant_int(0, DType::I64), sym, b.zeros(f.type)}, cond, body)[2];
+    // Where XLA failed and the loop, by rounding, did not: XLA's order.
+    Value failed = b.compare(Cmp::NE, f, b.zeros(f.type));
+    Value found = b.compare(Cmp::NE, info, b.zeros(info.type));
+    return std::vector<Value>{b.select(failed, b.select(found, info, f), b.zeros(f.type))};
+  };
+  auto keep = [=](Builder&, const std::vector<Value>&) { return std::vector<Value>{f}; };
+  Value r = b.op_multi("stablehlo.if", {any}, {f.type}, "", b.region({}, search) + ", " + b.region({}, keep))[0];
+  return b.reshape(r, first.shape());
+}
+
 std::vector<Value> cholesky_ex(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out(0);
@@ -73,7 +122,7 @@ std::vector<Value> cholesky_ex(LoweringContext& ctx) {
   Value x = b.convert(ctx.tensor("self"), math_dtype(out.dtype));
   if (x.type.numel() == 0) return {b.zeros(out), b.zeros(ctx.out(1))};
   Value l = cholesky(b, x, !upper);
-  Value info = cholesky_info(b, l);
+  Value info = cholesky_failed_order(b, x, !upper, cholesky_info(b, l));
   if (ctx.to_bool("check_errors", false))
     ctx.check_all(b.compare(Cmp::EQ, info, b.zeros(info.type)),
                   "linalg.cholesky: The factorization could not be completed because the input is not "
