@@ -315,3 +315,24 @@ def test_a_dtype_the_device_lacks_is_named_through_python_operators():
         a + c
     with pytest.raises(NotImplementedError, match="Float8_e5m2 is not supported on device tpu"):
         torch.ones(2, dtype=torch.float8_e5m2).to("tpu")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int64, torch.bool])
+def test_addr_scalar_arguments_checked_as_cpu(dtype, fused):
+    """addr on tpu is PyTorch's composite, which lacks the CPU (and CUDA)
+    kernel's checks of beta and alpha: bool only for bool results, no float
+    for integer tensors. Messages and valid neighbours as CPU."""
+    def call(beta, alpha):
+        def fn(d):
+            m = torch.ones(3, 4, dtype=dtype, device=d)
+            a, b = torch.ones(3, dtype=dtype, device=d), torch.ones(4, dtype=dtype, device=d)
+            return torch.addr(m, a, b, beta=beta, alpha=alpha)
+        return fn
+    for beta, alpha in [(True, 1), (2, True), (2.0, 1), (2, 1.5), (2, 3), (True, False)]:
+        err = same_outcome(call(beta, alpha), fused)
+        if err is not None:
+            assert str(err).split(" (torch_pjrt")[0] in {
+                "Boolean beta only supported for Boolean results.", "Boolean alpha only supported for Boolean results.",
+                "For integral input tensors, argument beta must not be a floating point number.",
+                "For integral input tensors, argument alpha must not be a floating point number."}, str(err)

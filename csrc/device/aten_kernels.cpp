@@ -5,6 +5,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/addr_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -423,6 +424,30 @@ void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       at::_linalg_check_errors((*stack)[stack->size() - rets.size() + j].toTensor(), api, is_matrix);
 }
 
+// addr on tpu is PyTorch's composite (math_addr), which skips the scalar
+// checks CPU's and CUDA's kernels make; they are made here first.
+void check_addr_scalars(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                        const at::Scalar& beta, const at::Scalar& alpha) {
+  at::ScalarType dtype = at::promoteTypes(at::promoteTypes(self.scalar_type(), vec1.scalar_type()), vec2.scalar_type());
+  for (auto [scalar, name] : {std::pair<const at::Scalar&, const char*>{beta, "beta"}, {alpha, "alpha"}}) {
+    TORCH_CHECK(!scalar.isBoolean() || dtype == at::kBool, "Boolean ", name, " only supported for Boolean results.");
+    TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype) || scalar.isIntegral(true),
+                "For integral input tensors, argument ", name, " must not be a floating point number.");
+  }
+}
+
+at::Tensor addr(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
+                const at::Scalar& alpha) {
+  check_addr_scalars(self, vec1, vec2, beta, alpha);
+  return at::native::math_addr(self, vec1, vec2, beta, alpha);
+}
+
+at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
+                     const at::Scalar& alpha, at::Tensor& out) {
+  check_addr_scalars(self, vec1, vec2, beta, alpha);
+  return at::native::math_addr_out(self, vec1, vec2, beta, alpha, out);
+}
+
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return at::masked_select(self.cpu(), mask.cpu()).to(self.device());
 }
@@ -483,6 +508,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_select", masked_select);
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
+  m.impl("addr", addr);
+  m.impl("addr.out", addr_out);
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   for (const char* op : {"linalg_inv_ex", "linalg_inv_ex.inverse", "linalg_cholesky_ex", "linalg_cholesky_ex.L",
                          "linalg_lu_factor_ex", "linalg_lu_factor_ex.out", "_linalg_solve_ex", "_linalg_solve_ex.result"})
