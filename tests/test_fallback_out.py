@@ -170,3 +170,28 @@ def test_mode_out_runs_as_cpu():
     assert_same(it, i)
     with pytest.raises(RuntimeError, match="expected scalar type 'Long' but got 'Int'"):
         torch.mode(tpu(x), 1, out=(tpu(v), tpu(i.int())))
+
+
+def test_fallback_writes_into_conj_and_neg_views():
+    # linalg_solve_triangular handles conj views itself, so its out= reaches
+    # the CPU fallback (complex dtypes) as a conj view; the write-back was lost
+    # or wrong. Fresh conj out, and out aliasing the conj right-hand side (as
+    # PyTorch's test_linalg does). (A neg view out: CPU's kernel writes -X,
+    # ignoring the bit; tpu writes X.)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 5, dtype=torch.complex64, generator=g).triu_()
+    a.diagonal().add_(3)
+    b0 = torch.randn(5, 3, dtype=torch.complex64, generator=g)
+    for case in ("fresh conj", "aliases b.conj()"):
+        res = []
+        for dev in ("cpu", "tpu"):
+            aa, bb = a.to(dev), b0.clone().to(dev)
+            if case == "fresh conj":
+                out = torch.zeros(5, 3, dtype=torch.complex64, device=dev).conj()
+            else:
+                bb = bb.conj()
+                out = bb
+            r = torch.linalg.solve_triangular(aa, bb, upper=True, out=out)
+            assert r is out
+            res.append(out.resolve_conj())
+        assert_same(res[1], res[0], rtol=1e-5, atol=1e-5)

@@ -221,7 +221,7 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
 // strides, offset into a host copy of the storage): some CPU kernels pick a
 // convention from the layout (linalg's LU of a row- vs column-major matrix)
 // that their backward reads back from the input's strides. Views much smaller
-// than their storage are copied compactly instead.
+// than their storage are copied compactly instead (.cpu() resolves their bits).
 std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
   DeviceLock lock;
   std::vector<at::Tensor> out;
@@ -239,7 +239,12 @@ std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
     at::Tensor bytes = at::empty({static_cast<int64_t>(sb.nbytes)}, at::TensorOptions().dtype(at::kByte));
     eager::capture_host_read("an op run on the CPU (a CPU fallback) reads its tpu arguments");
     runtime::Runtime::get().buffer_to_host(*ensure_buffer(sb, sb.dtype), bytes.data_ptr(), sb.nbytes);
-    out.push_back(bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset()));
+    at::Tensor host = bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset());
+    // The raw values, so the lazy conj/neg bits too (ops that handle a conj
+    // view themselves, linalg_solve_triangular's out=, reach the fallback with one).
+    if (t.is_conj()) host._set_conj(true);
+    if (t.is_neg()) host._set_neg(true);
+    out.push_back(host);
   }
   return out;
 }

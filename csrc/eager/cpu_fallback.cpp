@@ -88,7 +88,27 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                "(inputs copied to the host and results back). Counted in "
                "torch_pjrt.metrics()['cpu_fallbacks'].");
   SerialCpuOffHome serial;
+  // A written argument with a lazy conj/neg bit (ops that handle conj views
+  // themselves get them) would not receive the write-back through PyTorch's
+  // math-bits fallback: the kernel writes a plain temporary, copied in after.
+  const auto& sargs = op.schema().arguments();
+  size_t base = stack->size() - sargs.size();
+  std::vector<std::pair<at::Tensor, at::Tensor>> bits;  // (argument, temporary)
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (!is_write(sargs[i]) || !v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !(t.is_conj() || t.is_neg())) continue;
+    bits.emplace_back(t, t.resolve_conj().resolve_neg());
+    v = bits.back().second;
+  }
   at::native::cpu_fallback(op, stack);
+  for (auto& [arg, tmp] : bits) {
+    if (!arg.sizes().equals(tmp.sizes())) arg.resize_(tmp.sizes());
+    arg.copy_(tmp);
+    for (size_t r = stack->size() - op.schema().returns().size(); r < stack->size(); ++r)
+      if ((*stack)[r].isTensor() && (*stack)[r].toTensor().is_same(tmp)) (*stack)[r] = arg;
+  }
 }
 
 
