@@ -1,0 +1,62 @@
+"""Max pooling on tpu against PyTorch's CPU, one process.
+
+Each case: the first tpu call (compile, or a persistent-cache load) apart,
+then the median of --repeats warm calls each way, alternating, each synced
+(a host read of a reduction of the result). max_pool is one variadic
+reduce_window over (value, index) pairs (csrc/lowering/ops/pooling.cpp), so
+its compile time does not grow with the window.
+
+    python benchmarks/pooling.py [--repeats 10] [--markdown]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt  # noqa: F401
+
+CASES = [
+    ("max_pool2d 3x3 s2 p1 (ResNet stem), 8x64x112x112", lambda x: F.max_pool2d(x, 3, 2, 1), (8, 64, 112, 112)),
+    ("max_pool3d 7x7x7 s1 p3, 2x4x16^3", lambda x: F.max_pool3d(x, 7, 1, 3), (2, 4, 16, 16, 16)),
+    ("max_pool2d 2x2, 16x32x32x32", lambda x: F.max_pool2d(x, 2), (16, 32, 32, 32)),
+]
+
+
+def timed(fn, x):
+    t0 = time.perf_counter()
+    fn(x).sum().item()
+    return time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    rows = []
+    for name, fn, shape in CASES:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+        xt = x.to("tpu")
+        first = timed(fn, xt)
+        cpu, dev = [], []
+        for _ in range(args.repeats):
+            cpu.append(timed(fn, x))
+            dev.append(timed(fn, xt))
+        same = torch.equal(fn(xt).cpu(), fn(x))
+        rows.append((name, first * 1e3, statistics.median(dev) * 1e3, statistics.median(cpu) * 1e3, same))
+    head = ("case", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "same values")
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.2f} | {r[3]:.2f} | {r[4]} |")
+    else:
+        for r in rows:
+            print(f"{r[0]:52s} first {r[1]:8.0f} ms  warm {r[2]:8.2f} ms  cpu {r[3]:8.2f} ms  same {r[4]}")
+    print(f"median of {args.repeats} synced calls each")
+
+
+if __name__ == "__main__":
+    main()
