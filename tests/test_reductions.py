@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch_pjrt
 
 from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, make, tpu, check_raises
 
@@ -275,3 +276,36 @@ def test_empty_dim_list_reduces_as_cpu(keepdim):
     b = make((2, 3), torch.bool)
     for fn in (torch.all, torch.any):
         assert_same(fn(tpu(b), dim=(), keepdim=keepdim), fn(b, dim=(), keepdim=keepdim))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_var_std_warn_on_nonpositive_degrees_of_freedom_like_cpu(mode):
+    """CPU's kernel warns on every call where correction >= N; a lowering's
+    warning belongs to its program and is given on every call that uses it."""
+    import warnings
+    cases = [
+        lambda d: torch.std(torch.ones(3, device=d), correction=3),
+        lambda d: torch.var(torch.ones(3, 4, device=d), dim=0, correction=5),
+        lambda d: torch.std_mean(torch.ones(3, device=d), correction=4),
+        lambda d: torch.var_mean(torch.ones(1, device=d)),
+        lambda d: torch.var(torch.ones(5, device=d)),  # no warning
+        lambda d: torch.std(torch.ones(3, device=d), correction=2.5),  # no warning
+    ]
+
+    def warned(fn, d):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                fn(d)
+            if d == "tpu":
+                torch.tpu.synchronize()
+        return [str(x.message).split(" (Triggered")[0] for x in w if "degrees of freedom" in str(x.message)]
+
+    for fn in cases:
+        expected = warned(fn, "cpu")
+        if mode == "fused":
+            with torch_pjrt.fused():
+                got = warned(fn, "tpu")
+        else:
+            got = warned(fn, "tpu")
+        assert got == expected

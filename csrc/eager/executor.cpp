@@ -432,6 +432,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
     cache_put(dynamic ? std::string(inst.key_view()) : inst.static_key(), plan);
   }
+  for (const std::string& w : plan->warnings) TORCH_WARN(w);
   if (fused_active() && fused_record(plan, inst, args, stack, nargs)) return;
   run_plan(*plan, schema, inst, args, stack, nargs);
 }

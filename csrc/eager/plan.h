@@ -67,6 +67,7 @@ struct Plan {
   // Runtime float arguments CPU's kernel converts with an overflow check:
   // checked on every call (cpu_check.h).
   std::vector<ScalarCheck> scalar_checks;
+  std::vector<std::string> warnings;  // the lowering's (LoweringContext::warn), given per call
 };
 
 // PyTorch's Meta kernel on meta copies of the arguments (shapes, dtypes,

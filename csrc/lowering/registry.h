@@ -68,6 +68,11 @@ struct LoweringContext {
     Value value;
   };
   std::vector<Mutation> mutations;
+  // Warnings CPU's kernel gives for this call that depend only on what the
+  // program is keyed by (shapes, static arguments): eager gives them on
+  // every call that uses the program, as CPU does.
+  std::vector<std::string> warnings;
+  void warn(std::string message) { warnings.push_back(std::move(message)); }
   // Set when a lowering read the value of a runtime scalar at build time
   // (scalar(), to_double()...): the program then holds for that value only.
   mutable bool scalar_value_read = false;

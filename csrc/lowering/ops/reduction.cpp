@@ -164,6 +164,9 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   double n = double(count(x, dims));
   double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
                                             : (ctx.to_bool("unbiased", true) ? 1 : 0);
+  if (n - correction <= 0)  // CPU's warning (ReduceOps.cpp), e.g. "std_mean(): ..."
+    ctx.warn(ctx.op + "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+             "factor (input numel divided by output numel).");
   Value zero = b.constant(0.0, acc);
   Value mean;
   if (n > 0) {
