@@ -279,3 +279,16 @@ def test_conv_with_no_input_channels_is_empty_like_cpu(conv, shape):
     assert out.shape == expected.shape
     out.sum().backward()
     assert xt.grad.shape == x.shape and mt.weight.grad.abs().sum().item() == 0
+
+
+@pytest.mark.parametrize("nd,out,size", [(1, [3], [12]), (2, [2, 3], [4, 9]), (3, [1, 2, 2], [3, 4, 2]), (2, [1, 1], [7, 5])])
+def test_adaptive_max_pool_even_windows_pick_as_cpu(nd, out, size):
+    # Output sizes that divide the input: a strided max pool (one
+    # reduce_window); ties pick the first, NaN the last NaN, as CPU.
+    g = torch.Generator().manual_seed(nd)
+    x = torch.randint(-2, 2, (2, 3, *size), generator=g).float()
+    x[torch.rand(x.shape, generator=g) < 0.1] = float("nan")
+    fn = [None, F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d][nd]
+    c, t = fn(x, out, return_indices=True), fn(tpu(x), out, return_indices=True)
+    assert_same(t[1], c[1])
+    assert_same(t[0], c[0])

@@ -231,12 +231,9 @@ std::vector<Value> max_pair(Builder& b, const std::vector<Value>& s) {
 
 // One variadic reduce_window over (values, flat indices): no window is
 // materialized, and the program's size does not grow with the kernel.
-std::vector<Value> max_pool(LoweringContext& ctx, size_t nd) {
-  Builder& b = ctx.b;
-  const Value& self = ctx.tensor("self");
-  PoolParams p = pool_params(ctx, nd);
-  Shape out = last(ctx.out(0).shape, nd);
-  Value x = planes(b, self, nd);
+// x [P, in...] -> (max [P, out...], flat index [P, out...]).
+std::pair<Value, Value> max_windows(Builder& b, const Value& x, const PoolParams& p, const Shape& out) {
+  const size_t nd = out.size();
   Shape in = last(x.shape(), nd);
   Value idx = b.broadcast_in_dim(flat_index(b, in), TensorType{DType::I64, x.shape()}.shape, range(0, x.rank()));
   Shape window{1}, strides{1}, dil{1}, size{x.shape()[0]};
@@ -285,7 +282,12 @@ std::vector<Value> max_pool(LoweringContext& ctx, size_t nd) {
   }
   index = b.select(b.compare(Cmp::EQ, index, b.splat(Scalar::from_int(kNoIndex), index.type)),
                    b.broadcast_in_dim(start, index.shape(), range(0, index.rank())), index);
-  return {b.reshape(b.slice(r[0], zero, size), ctx.out(0).shape), b.reshape(index, ctx.out(1).shape)};
+  return {b.slice(r[0], zero, size), index};
+}
+
+std::vector<Value> max_pool(LoweringContext& ctx, size_t nd) {
+  auto [m, i] = max_windows(ctx.b, planes(ctx.b, ctx.tensor("self"), nd), pool_params(ctx, nd), last(ctx.out(0).shape, nd));
+  return {ctx.b.reshape(m, ctx.out(0).shape), ctx.b.reshape(i, ctx.out(1).shape)};
 }
 
 // max_pool*_with_indices_backward and adaptive_max_pool*_backward: each output's
@@ -398,6 +400,15 @@ std::vector<Value> adaptive_avg_pool_backward(LoweringContext& ctx, size_t nd) {
 std::vector<Value> adaptive_max_pool(LoweringContext& ctx, size_t nd) {
   Builder& b = ctx.b;
   Value x = planes(b, ctx.tensor("self"), nd);
+  Shape in = last(x.shape(), nd), out = last(ctx.out(0).shape, nd);
+  bool even = true;
+  for (size_t i = 0; i < nd; ++i) even &= out[i] > 0 && in[i] % out[i] == 0;
+  if (even && x.type.numel() > 0) {  // equal windows side by side: a strided max pool (same picks)
+    PoolParams p{Shape(nd), Shape(nd), Shape(nd, 0), Shape(nd, 1)};
+    for (size_t i = 0; i < nd; ++i) p.kernel[i] = p.stride[i] = in[i] / out[i];
+    auto [m, i] = max_windows(b, x, p, out);
+    return {b.reshape(m, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
+  }
   AdaptiveWindows w = adaptive_windows(b, x, last(ctx.out(0).shape, nd));
   const Shape& ws = w.values.shape();
   auto all = range(0, w.values.rank());
