@@ -65,6 +65,16 @@ struct Factor {
   Value info;    // [bt] int32: 0, or the 1-based order of the first zero pivot
 };
 
+// perm [bt, m] with its entries j (0-d) and other[t] ([bt]) swapped.
+Value swap_entries(Builder& b, const Value& perm, const Value& j, const Value& other) {
+  const int64_t bt = perm.shape()[0], m = perm.shape()[1];
+  Value at_j = take_each(b, perm, b.broadcast_in_dim(j, {bt}, {})), at_other = take_each(b, perm, other);
+  Value rows = b.iota(TensorType{DType::I64, {bt, m}}, 1);
+  return b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(j, {bt, m}, {})), b.broadcast_in_dim(at_other, {bt, m}, {0}),
+                  b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(other, {bt, m}, {0})),
+                           b.broadcast_in_dim(at_j, {bt, m}, {0}), perm));
+}
+
 // One column step of getrf on x [bt, M, W]: row j (global) and column c of
 // x (c = j in the column loop, j - j0 in a panel), a 0-d i64 each. The pivot
 // is searched among rows j..m-1 (rows from m on are padding). Returns the
@@ -195,13 +205,7 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
         Value j_batch = b.broadcast_in_dim(j, {bt}, {});
         Value other = b.binary("subtract", b.convert(take_each(b, piv, j_batch), DType::I64),
                                b.splat(Scalar::from_int(1), j_batch.type));
-        Value at_j = take_each(b, perm, j_batch), at_other = take_each(b, perm, other);
-        Value rows = b.iota(TensorType{DType::I64, {bt, M}}, 1);
-        Value next = b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(j, {bt, M}, {})),
-                              b.broadcast_in_dim(at_other, {bt, M}, {0}),
-                              b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(other, {bt, M}, {0})),
-                                       b.broadcast_in_dim(at_j, {bt, M}, {0}), perm));
-        return std::vector<Value>{b.binary("add", j, i64(b, 1)), next};
+        return std::vector<Value>{b.binary("add", j, i64(b, 1)), swap_entries(b, perm, j, other)};
       };
       Value perm = b.while_loop({j0, b.iota(TensorType{DType::I64, {bt, M}}, 1)}, upto(end), perm_body)[1];
       y = take_rows(b, x, perm);
@@ -258,13 +262,7 @@ Value permutation(Builder& b, const Value& pivots, int64_t m) {
     const Value &j = s[0], &perm = s[1];
     Value j_batch = b.broadcast_in_dim(j, {bt}, {});
     Value other = take_each(b, piv, j_batch);
-    Value at_j = take_each(b, perm, j_batch), at_other = take_each(b, perm, other);
-    Value rows = b.iota(TensorType{DType::I64, {bt, m}}, 1);
-    Value next = b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(j, {bt, m}, {})),
-                          b.broadcast_in_dim(at_other, {bt, m}, {0}),
-                          b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(other, {bt, m}, {0})),
-                                   b.broadcast_in_dim(at_j, {bt, m}, {0}), perm));
-    return std::vector<Value>{b.binary("add", j, i64(b, 1)), next};
+    return std::vector<Value>{b.binary("add", j, i64(b, 1)), swap_entries(b, perm, j, other)};
   };
   return b.while_loop(init, cond, body)[1];
 }
