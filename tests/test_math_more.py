@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES, assert_same, make, tpu
+from conftest import FLOAT_DTYPES, assert_same, make, run_json, tpu
 
 INF, NAN = math.inf, math.nan
 # (No subnormals: XLA's transcendental functions take them as zero, log(1e-40)
@@ -569,3 +569,29 @@ def test_sinh_cosh_float32_within_four_ulp_everywhere(name, no_cpu_fallback):
     torch.testing.assert_close(getattr(torch, name)(tpu(special)).cpu(), getattr(torch, name)(special), equal_nan=True)
     z = torch.tensor([1 + 2j, -3 + 0.5j, 20 - 1j], dtype=torch.complex64)  # complex: XLA's own form
     torch.testing.assert_close(getattr(torch, name)(tpu(z)).cpu(), getattr(torch, name)(z))
+
+
+def test_searchsorted_notes_non_contiguous_operands_once_per_process_like_cpu():
+    # CPU's searchsorted warns (once per process each) when its input values,
+    # boundaries or sorter are non-contiguous; bucketize does not. Each
+    # device in a fresh process, so no earlier test has used up the warnings.
+    code = r"""
+import json, sys, warnings, torch, torch_pjrt
+dev = sys.argv[1] if len(sys.argv) > 1 else "DEV"
+g = torch.Generator().manual_seed(0)
+b = torch.sort(torch.randn(4, 3, generator=g), dim=0)[0].t().to(dev)
+v = torch.randn(4, 3, generator=g).t().to(dev)
+s0 = torch.randn(3, 4, generator=g)
+srt = torch.argsort(s0, dim=1).to(dev)
+srt_nc = torch.stack([srt, srt], -1)[..., 0]  # (made on the device: .to() would make it contiguous)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    r = [torch.searchsorted(b, v), torch.searchsorted(b, v), torch.searchsorted(s0.to(dev), v.contiguous(), sorter=srt_nc),
+         torch.bucketize(v, torch.arange(3.)[::2].to(dev))]
+msgs = [str(x.message).split(" (Triggered")[0] for x in w if "searchsorted" in str(x.message)]
+print("RESULT " + json.dumps({"msgs": msgs, "r": [t.cpu().tolist() for t in r]}))
+"""
+    cpu = run_json(code.replace('"DEV"', '"cpu"'))
+    dev = run_json(code.replace('"DEV"', '"tpu"'))
+    assert len(cpu["msgs"]) == 3
+    assert dev == cpu

@@ -96,6 +96,19 @@ void set_float_mode(const std::string& op, FloatMode m) {
 // Programs compiled while recording (the readiness check compiles eager op
 // programs for a TPU topology from these).
 std::mutex g_record_mutex;
+
+// A lowering's once-per-process warnings (CPU's TORCH_WARN_ONCE).
+void warn_once(const std::vector<std::string>& messages) {
+  static std::mutex mutex;
+  static std::set<std::string> given;
+  for (const std::string& m : messages) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!given.insert(m).second) continue;
+    }
+    TORCH_WARN(m);
+  }
+}
 bool g_recording = false;
 std::vector<std::pair<std::string, std::string>> g_recorded;
 
@@ -433,6 +446,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     cache_put(dynamic ? std::string(inst.key_view()) : inst.static_key(), plan);
   }
   for (const std::string& w : plan->warnings) TORCH_WARN(w);
+  if (!plan->warnings_once.empty()) warn_once(plan->warnings_once);
   if (fused_active() && fused_record(plan, inst, args, stack, nargs)) return;
   run_plan(*plan, schema, inst, args, stack, nargs);
 }

@@ -68,6 +68,7 @@ struct Plan {
   // checked on every call (cpu_check.h).
   std::vector<ScalarCheck> scalar_checks;
   std::vector<std::string> warnings;  // the lowering's (LoweringContext::warn), given per call
+  std::vector<std::string> warnings_once;  // (LoweringContext::warn_once), once per process
 };
 
 // PyTorch's Meta kernel on meta copies of the arguments (shapes, dtypes,

@@ -539,6 +539,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     }
     std::vector<Value> results = call_lowering(info, ctx);
     plan->warnings = ctx.warnings;
+    plan->warnings_once = ctx.warnings_once;
     plan->read_scalar_value = ctx.scalar_value_read;
     TORCH_CHECK(results.size() == ctx.outputs.size(), "torch_pjrt: lowering of ", op_display_name(schema),
                 " produced ", results.size(), " results, expected ", ctx.outputs.size());

@@ -73,6 +73,9 @@ struct LoweringContext {
   // every call that uses the program, as CPU does.
   std::vector<std::string> warnings;
   void warn(std::string message) { warnings.push_back(std::move(message)); }
+  // The same, given once per process (CPU's TORCH_WARN_ONCE).
+  std::vector<std::string> warnings_once;
+  void warn_once(std::string message) { warnings_once.push_back(std::move(message)); }
   // Set when a lowering read the value of a runtime scalar at build time
   // (scalar(), to_double()...): the program then holds for that value only.
   mutable bool scalar_value_read = false;

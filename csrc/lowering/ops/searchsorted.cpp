@@ -60,9 +60,22 @@ std::vector<Value> search(LoweringContext& ctx, const char* seq_name, const char
   Value v = ctx.operand(values_name, dt);  // (a Scalar value is a runtime input)
   if (seq.rank() == 0) ctx.fail("torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
                                 "dimensions of boundaries tensor and input value tensor must match");
+  bool has_sorter = ctx.has("sorter") && ctx.find("sorter")->kind == Arg::Tensor;
+  if (ctx.op == "searchsorted") {  // CPU's notes on its copies (BucketizationUtils.h), once per process
+    auto note = [&](const char* name, const char* what) {
+      const Arg* a = ctx.find(name);
+      if (a && a->kind == Arg::Tensor && !a->contiguous)
+        ctx.warn_once(std::string("torch.searchsorted(): ") + what + " tensor is non-contiguous, this will lower the "
+                      "performance due to extra data copy when converting non-contiguous tensor to contiguous, "
+                      "please use contiguous " + what + " tensor if possible. This message will only appear once "
+                      "per program.");
+    };
+    note(values_name, "input value");
+    note(seq_name, "boundary");
+    if (has_sorter) note("sorter", "sorter");
+  }
   if (seq.shape().back() == 0 || v.type.numel() == 0) return {b.zeros(out)};
   Value sorter;
-  bool has_sorter = ctx.has("sorter") && ctx.find("sorter")->kind == Arg::Tensor;
   if (has_sorter) {
     sorter = b.convert(ctx.tensor("sorter"), DType::I64);
     ctx.check_indices(sorter, 0, seq.shape().back(), "torch.searchsorted(): sorter index out of range",
