@@ -96,6 +96,8 @@ void set_float_mode(const std::string& op, FloatMode m) {
 // Programs compiled while recording (the readiness check compiles eager op
 // programs for a TPU topology from these).
 std::mutex g_record_mutex;
+bool g_recording = false;
+std::vector<std::pair<std::string, std::string>> g_recorded;
 
 // A lowering's once-per-process warnings (CPU's TORCH_WARN_ONCE).
 void warn_once(const std::vector<std::string>& messages) {
@@ -109,8 +111,6 @@ void warn_once(const std::vector<std::string>& messages) {
     TORCH_WARN(m);
   }
 }
-bool g_recording = false;
-std::vector<std::pair<std::string, std::string>> g_recorded;
 
 }  // namespace
 

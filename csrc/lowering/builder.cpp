@@ -289,9 +289,9 @@ Value Builder::iota(const TensorType& type, int64_t dim) {
 
 Value Builder::dynamic_update_slice(const Value& x, const Value& update, const Shape& start) {
   if (update.shape() == x.shape()) return update;
-  std::vector<Value> operands{x, update};
-  for (auto s : start) operands.push_back(constant_int(s, DType::I64));
-  return op("stablehlo.dynamic_update_slice", operands, x.type);
+  std::vector<Value> at;
+  for (auto s : start) at.push_back(constant_int(s, DType::I64));
+  return dynamic_update_slice_at(x, update, at);
 }
 
 Value Builder::dynamic_update_slice_at(const Value& x, const Value& update, const std::vector<Value>& start) {

@@ -90,12 +90,7 @@ void ProgramCache::relieve_mapping_pressure() {
       std::lock_guard<std::mutex> lock(mutex_);
       size_t n = std::max<size_t>(1, entries_.size() / 8);
       while (n-- > 0 && entries_.size() > 1) {
-        auto victim = entries_.find(order_.back());
-        bytes_ -= victim->second.bytes;
-        dropped.push_back(std::move(victim->second.value));
-        entries_.erase(victim);
-        order_.pop_back();
-        ++evictions_;
+        drop_oldest_locked(&dropped);
         ++mapping_evictions_;
       }
     }
@@ -108,14 +103,17 @@ void ProgramCache::relieve_mapping_pressure() {
 void ProgramCache::evict_locked(std::vector<std::shared_ptr<void>>* dropped) {
   while (entries_.size() > 1 &&
          ((max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) ||
-          (max_bytes_ > 0 && bytes_ > max_bytes_))) {
-    auto victim = entries_.find(order_.back());
-    bytes_ -= victim->second.bytes;
-    dropped->push_back(std::move(victim->second.value));
-    entries_.erase(victim);
-    order_.pop_back();
-    ++evictions_;
-  }
+          (max_bytes_ > 0 && bytes_ > max_bytes_)))
+    drop_oldest_locked(dropped);
+}
+
+void ProgramCache::drop_oldest_locked(std::vector<std::shared_ptr<void>>* dropped) {
+  auto victim = entries_.find(order_.back());
+  bytes_ -= victim->second.bytes;
+  dropped->push_back(std::move(victim->second.value));
+  entries_.erase(victim);
+  order_.pop_back();
+  ++evictions_;
 }
 
 void ProgramCache::clear() {

@@ -50,6 +50,9 @@ class ProgramCache {
  private:
   // Drops old entries while the process's mappings are past the bound.
   void relieve_mapping_pressure();
+  // The least recently used entry out; its value into `dropped` (released
+  // outside the lock).
+  void drop_oldest_locked(std::vector<std::shared_ptr<void>>* dropped);
   struct Entry {
     std::shared_ptr<void> value;
     int64_t bytes;

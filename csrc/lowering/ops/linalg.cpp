@@ -35,6 +35,14 @@ Value with_batch(Builder& b, const Value& x, const Shape& batch) {
 
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
+Value flatten_batch(Builder& b, const Value& x, int keep) {
+  Shape s(x.shape().end() - keep, x.shape().end());
+  int64_t bt = 1;
+  for (auto it = x.shape().begin(); it != x.shape().end() - keep; ++it) bt *= *it;
+  s.insert(s.begin(), bt);
+  return b.reshape(x, s);
+}
+
 Value identity_like(Builder& b, const TensorType& t) {
   TensorType it{DType::I64, t.shape};
   return b.convert(b.compare(Cmp::EQ, b.iota(it, t.rank() - 2), b.iota(it, t.rank() - 1)), t.dtype);
@@ -71,10 +79,8 @@ Value cholesky_info(Builder& b, const Value& l) {
 // triangle potrf reads finds it (the loop runs only then, in a
 // stablehlo.if). x [.., n, n], first [..] i32 (cholesky_info of XLA's factor).
 Value cholesky_failed_order(Builder& b, const Value& x, bool lower, const Value& first) {
-  const int64_t n = x.shape().back(), rank = x.rank();
-  int64_t bt = 1;
-  for (int64_t i = 0; i < rank - 2; ++i) bt *= x.shape()[i];
-  Value a = b.reshape(x, {bt, n, n});
+  Value a = flatten_batch(b, x, 2);
+  const int64_t bt = a.shape()[0], n = a.shape()[2];
   if (!lower) a = b.transpose(a, {0, 2, 1});
   Value l = triangle(b, a, true);
   TensorType it{DType::I64, {bt, n, n}};

@@ -13,6 +13,8 @@ Value triangular_solve(Builder& b, const Value& a, const Value& rhs, bool left, 
 // x's last two dims kept, its batch dims broadcast to `batch`.
 Value with_batch(Builder& b, const Value& x, const Shape& batch);
 Shape batch_of(const Shape& s);
+// x with its leading dims (all but the last `keep`) merged into one: [bt, ...].
+Value flatten_batch(Builder& b, const Value& x, int keep);
 // Identity matrices of type t (batched over its leading dims).
 Value identity_like(Builder& b, const TensorType& t);
 // Real floating dtypes only (complex ones take the CPU fallback before this).

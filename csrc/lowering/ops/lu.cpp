@@ -13,6 +13,7 @@
 // large orders stay slower than the CPU's LAPACK (benchmarks/linalg.py).
 // Real dtypes (complex ones take the CPU fallback); half types in float32.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "lowering/ops/linalg.h"
@@ -21,15 +22,6 @@ namespace torch_pjrt::lowering::ops {
 namespace {
 
 Value i64(Builder& b, int64_t v) { return b.constant_int(v, DType::I64); }
-
-// x [bt, ...] with its leading dims (all but the last `keep`) merged into one.
-Value flatten_batch(Builder& b, const Value& x, int keep) {
-  Shape s(x.shape().end() - keep, x.shape().end());
-  int64_t bt = 1;
-  for (auto it = x.shape().begin(); it != x.shape().end() - keep; ++it) bt *= *it;
-  s.insert(s.begin(), bt);
-  return b.reshape(x, s);
-}
 
 // Rows rows[t, i] of x[t] for every batch t: x [bt, m, c], rows [bt, q] -> [bt, q, c].
 // One (batch, row) index pair per row, whole rows as slices.
@@ -65,14 +57,35 @@ struct Factor {
   Value info;    // [bt] int32: 0, or the 1-based order of the first zero pivot
 };
 
-// perm [bt, m] with its entries j (0-d) and other[t] ([bt]) swapped.
-Value swap_entries(Builder& b, const Value& perm, const Value& j, const Value& other) {
+// A while loop's condition: its counter (the first carried value) < limit.
+Builder::LoopFn below_limit(const Value& limit) {
+  return [limit](Builder& b, const std::vector<Value>& s) {
+    return std::vector<Value>{b.compare(Cmp::LT, s[0], limit)};
+  };
+}
+
+// The row order perm [bt, m] i64 after LAPACK's swaps from..to-1 (0-d i64):
+// swap j exchanges entries j and piv[t, j] (0-based, [bt, k] i64).
+Value apply_swaps(Builder& b, const Value& perm, const Value& piv, const Value& from, const Value& to) {
   const int64_t bt = perm.shape()[0], m = perm.shape()[1];
-  Value at_j = take_each(b, perm, b.broadcast_in_dim(j, {bt}, {})), at_other = take_each(b, perm, other);
-  Value rows = b.iota(TensorType{DType::I64, {bt, m}}, 1);
-  return b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(j, {bt, m}, {})), b.broadcast_in_dim(at_other, {bt, m}, {0}),
-                  b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(other, {bt, m}, {0})),
-                           b.broadcast_in_dim(at_j, {bt, m}, {0}), perm));
+  auto body = [=](Builder& b, const std::vector<Value>& s) {
+    const Value &j = s[0], &p = s[1];
+    Value other = take_each(b, piv, b.broadcast_in_dim(j, {bt}, {}));
+    Value at_j = take_each(b, p, b.broadcast_in_dim(j, {bt}, {})), at_other = take_each(b, p, other);
+    Value rows = b.iota(TensorType{DType::I64, {bt, m}}, 1);
+    Value next = b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(j, {bt, m}, {})),
+                          b.broadcast_in_dim(at_other, {bt, m}, {0}),
+                          b.select(b.compare(Cmp::EQ, rows, b.broadcast_in_dim(other, {bt, m}, {0})),
+                                   b.broadcast_in_dim(at_j, {bt, m}, {0}), p));
+    return std::vector<Value>{b.binary("add", j, i64(b, 1)), next};
+  };
+  return b.while_loop({from, perm}, below_limit(to), body)[1];
+}
+
+// 1-based int32 pivots as 0-based int64 row numbers.
+Value zero_based(Builder& b, const Value& pivots) {
+  TensorType t{DType::I64, pivots.shape()};
+  return b.binary("subtract", b.convert(pivots, DType::I64), b.splat(Scalar::from_int(1), t));
 }
 
 // One column step of getrf on x [bt, M, W]: row j (global) and column c of
@@ -169,18 +182,17 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
             b.zeros(TensorType{DType::I32, {bt}})};
   }
   Value info0 = b.zeros(TensorType{DType::I32, {bt}});
-  auto upto = [](const Value& limit) {
-    return [limit](Builder& b, const std::vector<Value>& s) {
-      return std::vector<Value>{b.compare(Cmp::LT, s[0], limit)};
-    };
-  };
-  if (k < kBlockedFrom) {
-    auto body = [=](Builder& b, const std::vector<Value>& s) {
-      Step st = column_step(b, s[1], s[0], s[0], m, pivot);
+  // Column steps over (j, x, pivots, info); x's column j - col0 is column j.
+  auto column_steps = [=](const std::optional<Value>& col0) {
+    return [=](Builder& b, const std::vector<Value>& s) {
+      Step st = column_step(b, s[1], s[0], col0 ? b.binary("subtract", s[0], *col0) : s[0], m, pivot);
       auto [piv, info] = record_pivot(b, st, s[0], s[2], s[3]);
       return std::vector<Value>{b.binary("add", s[0], i64(b, 1)), st.x, piv, info};
     };
-    std::vector<Value> r = b.while_loop({i64(b, 0), a, b.zeros(piv_t), info0}, upto(i64(b, k)), body);
+  };
+  if (k < kBlockedFrom) {
+    std::vector<Value> r =
+        b.while_loop({i64(b, 0), a, b.zeros(piv_t), info0}, below_limit(i64(b, k)), column_steps(std::nullopt));
     return {r[1], r[2], r[3]};
   }
   const int64_t w = kPanel, M = m + w, N = n + w;
@@ -190,26 +202,12 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
     Value zero = i64(b, 0);
     Value end = b.binary("minimum", b.binary("add", j0, i64(b, w)), i64(b, k));
     // The panel's column steps, on its [M, w] slice.
-    auto col_body = [=](Builder& b, const std::vector<Value>& t) {
-      Step st = column_step(b, t[1], t[0], b.binary("subtract", t[0], j0), m, pivot);
-      auto [piv, info] = record_pivot(b, st, t[0], t[2], t[3]);
-      return std::vector<Value>{b.binary("add", t[0], i64(b, 1)), st.x, piv, info};
-    };
     Value panel0 = b.dynamic_slice(x, {zero, zero, j0}, {bt, M, w});
-    std::vector<Value> f = b.while_loop({j0, panel0, s[2], s[3]}, upto(end), col_body);
+    std::vector<Value> f = b.while_loop({j0, panel0, s[2], s[3]}, below_limit(end), column_steps(j0));
     const Value &panel = f[1], &piv = f[2];
     Value y = x;
-    if (pivot) {  // the panel's swaps, in order, as one row permutation of the whole matrix
-      auto perm_body = [=](Builder& b, const std::vector<Value>& t) {
-        const Value &j = t[0], &perm = t[1];
-        Value j_batch = b.broadcast_in_dim(j, {bt}, {});
-        Value other = b.binary("subtract", b.convert(take_each(b, piv, j_batch), DType::I64),
-                               b.splat(Scalar::from_int(1), j_batch.type));
-        return std::vector<Value>{b.binary("add", j, i64(b, 1)), swap_entries(b, perm, j, other)};
-      };
-      Value perm = b.while_loop({j0, b.iota(TensorType{DType::I64, {bt, M}}, 1)}, upto(end), perm_body)[1];
-      y = take_rows(b, x, perm);
-    }
+    if (pivot)  // the panel's swaps, in order, as one row permutation of the whole matrix
+      y = take_rows(b, x, apply_swaps(b, b.iota(TensorType{DType::I64, {bt, M}}, 1), zero_based(b, piv), j0, end));
     // The factored panel in place (its rows were swapped by its steps).
     y = b.dynamic_update_slice_at(y, panel, {zero, zero, j0});
     // U12 = L11^-1 A12 in the panel's rows, right of the panel.
@@ -242,7 +240,7 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
     y = b.select(trailing, b.binary("subtract", y, prod), y);
     return std::vector<Value>{next_j0, y, piv, f[3]};
   };
-  std::vector<Value> r = b.while_loop({i64(b, 0), x0, b.zeros(piv_t), info0}, upto(i64(b, k)), panel_body);
+  std::vector<Value> r = b.while_loop({i64(b, 0), x0, b.zeros(piv_t), info0}, below_limit(i64(b, k)), panel_body);
   return {b.slice(r[1], {0, 0, 0}, {bt, m, n}), r[2], r[3]};
 }
 
@@ -250,21 +248,10 @@ Factor factorize(Builder& b, const Value& a, bool pivot) {
 // i of L U (P^T A = L U). pivots [bt, k] (1-based) -> [bt, m] i64.
 Value permutation(Builder& b, const Value& pivots, int64_t m) {
   const int64_t bt = pivots.shape()[0], k = pivots.shape()[1];
-  TensorType piv_t{DType::I64, pivots.shape()};
-  Value piv = b.binary("subtract", b.convert(pivots, DType::I64), b.splat(Scalar::from_int(1), piv_t));
+  Value identity = b.iota(TensorType{DType::I64, {bt, m}}, 1);
   // Out-of-range pivots (user-made ones; LAPACK does not check) are clamped by the gathers.
-  if (bt * m == 0 || k == 0) return b.iota(TensorType{DType::I64, {bt, m}}, 1);
-  std::vector<Value> init = {i64(b, 0), b.iota(TensorType{DType::I64, {bt, m}}, 1)};
-  auto cond = [k](Builder& b, const std::vector<Value>& s) {
-    return std::vector<Value>{b.compare(Cmp::LT, s[0], i64(b, k))};
-  };
-  auto body = [=](Builder& b, const std::vector<Value>& s) {
-    const Value &j = s[0], &perm = s[1];
-    Value j_batch = b.broadcast_in_dim(j, {bt}, {});
-    Value other = take_each(b, piv, j_batch);
-    return std::vector<Value>{b.binary("add", j, i64(b, 1)), swap_entries(b, perm, j, other)};
-  };
-  return b.while_loop(init, cond, body)[1];
+  if (bt * m == 0 || k == 0) return identity;
+  return apply_swaps(b, identity, zero_based(b, pivots), i64(b, 0), i64(b, k));
 }
 
 // inverse[t, perm[t, i]] = i.

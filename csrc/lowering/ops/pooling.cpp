@@ -196,19 +196,33 @@ Value scatter_add(Builder& b, const Value& upd, const Value& idx, int64_t plane_
                             "stablehlo.add");
 }
 
-Value reduce_window_sum(Builder& b, const Value& x, const Shape& window, const Shape& strides,
-                        const Shape& lo, const Shape& hi) {
+// stablehlo.reduce_window of the operands `xs` (same shape) with `inits`,
+// padded by lo/hi (with the inits), reduced by `region`.
+std::vector<Value> reduce_window(Builder& b, const std::vector<Value>& xs, const std::vector<Value>& inits,
+                                 const Shape& window, const Shape& strides, const Shape& dilations, const Shape& lo,
+                                 const Shape& hi, const std::string& region) {
+  const Value& x = xs[0];
   Shape out;
   std::string pad = "dense<[";
   for (int64_t i = 0; i < x.rank(); ++i) {
-    out.push_back((x.shape()[i] + lo[i] + hi[i] - window[i]) / strides[i] + 1);
+    out.push_back((x.shape()[i] + lo[i] + hi[i] - dilations[i] * (window[i] - 1) - 1) / strides[i] + 1);
     pad += (i ? ", [" : "[") + std::to_string(lo[i]) + ", " + std::to_string(hi[i]) + "]";
   }
   pad += "]> : tensor<" + std::to_string(x.rank()) + "x2xi64>";
-  return b.op_multi("stablehlo.reduce_window", {x, b.constant(0.0, x.dtype())}, {TensorType{x.dtype(), out}},
-                    "padding = " + pad + ", window_dimensions = " + i64_array(window) +
-                        ", window_strides = " + i64_array(strides),
-                    b.binary_region(x.dtype(), "stablehlo.add"))[0];
+  std::vector<Value> operands = xs;
+  std::vector<TensorType> types;
+  for (const Value& v : xs) types.push_back(TensorType{v.dtype(), out});
+  operands.insert(operands.end(), inits.begin(), inits.end());
+  return b.op_multi("stablehlo.reduce_window", operands, types,
+                    "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " +
+                        i64_array(strides) + ", window_dilations = " + i64_array(dilations),
+                    region);
+}
+
+Value reduce_window_sum(Builder& b, const Value& x, const Shape& window, const Shape& strides,
+                        const Shape& lo, const Shape& hi) {
+  return reduce_window(b, {x}, {b.constant(0.0, x.dtype())}, window, strides, Shape(x.rank(), 1), lo, hi,
+                       b.binary_region(x.dtype(), "stablehlo.add"))[0];
 }
 
 // ---- lowerings ------------------------------------------------------------------------------
@@ -235,33 +249,21 @@ std::vector<Value> max_pair(Builder& b, const std::vector<Value>& s) {
 std::pair<Value, Value> max_windows(Builder& b, const Value& x, const PoolParams& p, const Shape& out) {
   const size_t nd = out.size();
   Shape in = last(x.shape(), nd);
-  Value idx = b.broadcast_in_dim(flat_index(b, in), TensorType{DType::I64, x.shape()}.shape, range(0, x.rank()));
-  Shape window{1}, strides{1}, dil{1}, size{x.shape()[0]};
-  std::string pad = "dense<[[0, 0]";
+  Value idx = b.broadcast_in_dim(flat_index(b, in), x.shape(), range(0, x.rank()));
+  Shape window{1}, strides{1}, dil{1}, lo{0}, hi{0}, size{x.shape()[0]};
   for (size_t i = 0; i < nd; ++i) {
     window.push_back(p.kernel[i]);
     strides.push_back(p.stride[i]);
     dil.push_back(p.dilation[i]);
     size.push_back(out[i]);
+    lo.push_back(p.padding[i]);
     // ceil_mode's last window may run past the padding.
-    int64_t hi = std::max<int64_t>(
-        (out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i], 0);
-    pad += ", [" + std::to_string(p.padding[i]) + ", " + std::to_string(hi) + "]";
-  }
-  pad += "]> : tensor<" + std::to_string(nd + 1) + "x2xi64>";
-  Shape full{x.shape()[0]};
-  for (size_t i = 0; i < nd; ++i) {
-    int64_t lo_hi = p.padding[i] + std::max<int64_t>(
-        (out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i], 0);
-    full.push_back((in[i] + lo_hi - p.dilation[i] * (p.kernel[i] - 1) - 1) / p.stride[i] + 1);
+    hi.push_back(std::max<int64_t>(
+        (out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i], 0));
   }
   TensorType vs{x.dtype(), {}}, is{DType::I64, {}};
-  std::vector<Value> r = b.op_multi(
-      "stablehlo.reduce_window", {x, idx, lowest(b, x.dtype()), b.constant_int(kNoIndex, DType::I64)},
-      {TensorType{x.dtype(), full}, TensorType{DType::I64, full}},
-      "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " +
-          i64_array(strides) + ", window_dilations = " + i64_array(dil),
-      b.region({vs, is, vs, is}, max_pair));
+  std::vector<Value> r = reduce_window(b, {x, idx}, {lowest(b, x.dtype()), b.constant_int(kNoIndex, DType::I64)},
+                                       window, strides, dil, lo, hi, b.region({vs, is, vs, is}, max_pair));
   Shape zero(nd + 1, 0);
   Value index = b.slice(r[1], zero, size);
   // A window wholly in the padding (dilation can make one): CPU's index is
