@@ -595,3 +595,84 @@ print("RESULT " + json.dumps({"msgs": msgs, "r": [t.cpu().tolist() for t in r]})
     dev = run_json(code.replace('"DEV"', '"tpu"'))
     assert len(cpu["msgs"]) == 3
     assert dev == cpu
+
+
+# ---- frexp, entr, zeta, gcd/lcm, renorm, logspace, tril/triu_indices, channel_shuffle ----
+
+def test_frexp_as_cpu_with_subnormals_and_special_values(no_cpu_fallback):
+    v = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -1e-45, 3e38, INF, -INF, NAN, 0.75, 1024.0, 2.0 ** -126])
+    for dtype in FLOAT_DTYPES:
+        x = v.to(dtype)
+        mc, ec = torch.frexp(x)
+        mt, et = torch.frexp(tpu(x))
+        assert et.dtype == torch.int32
+        assert torch.equal(et.cpu(), ec)
+        assert torch.equal(mt.cpu().nan_to_num(), mc.nan_to_num())
+        num = ~mc.isnan()  # (a NaN's sign is not kept through conversions)
+        assert torch.equal(mt.cpu().signbit()[num], mc.signbit()[num]) and torch.equal(mt.cpu().isnan(), ~num)
+    with pytest.raises(RuntimeError, match="floating-point"):
+        torch.frexp(tpu(torch.arange(3)))
+
+
+def test_entr_and_zeta_special_values(no_cpu_fallback):
+    v = torch.tensor(SPECIAL)
+    assert_same(torch.special.entr(tpu(v)), torch.special.entr(v))
+    assert_same(torch.special.entr(tpu(torch.arange(-2, 5))), torch.special.entr(torch.arange(-2, 5)))
+    # Cephes' domain rules: x == 1 -> inf, x < 1 -> nan, integer q <= 0 -> inf,
+    # non-integer x with q <= 0 -> nan.
+    x = torch.tensor([1.0, 1.5, 2.0, 3.0, 0.5, 10.0, 2.0, 2.0, 4.0, 1.1, 30.0, 2.5])
+    q = torch.tensor([1.0, 2.0, 0.5, -1.0, 1.0, 3.0, -2.5, 0.0, 100.0, 1e-3, 1.0, -0.5])
+    for dtype in (torch.float32, torch.float64):
+        assert_same(torch.special.zeta(tpu(x.to(dtype)), tpu(q.to(dtype))), torch.special.zeta(x.to(dtype), q.to(dtype)),
+                    rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_gcd_lcm_as_cpu(dtype, no_cpu_fallback):
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype == torch.uint8 else -100
+    a = torch.randint(lo, 100, (64,), generator=g).to(dtype)
+    b = torch.randint(lo, 100, (64,), generator=g).to(dtype)
+    a[:3] = 0
+    b[2:5] = 0
+    assert_same(torch.gcd(tpu(a), tpu(b)), torch.gcd(a, b))
+    assert_same(torch.lcm(tpu(a), tpu(b)), torch.lcm(a, b))  # (int8 products wrap as CPU's)
+    if dtype == torch.int64:  # consecutive Fibonacci numbers: Euclid's longest runs
+        x = torch.tensor([2 ** 62, 3 * 2 ** 40, 1836311903, 2971215073])
+        y = torch.tensor([2 ** 61 + 8, 2 ** 33, 1134903170, 1836311903])
+        assert_same(torch.gcd(tpu(x), tpu(y)), torch.gcd(x, y))
+    with pytest.raises(NotImplementedError, match="gcd_cpu"):
+        torch.gcd(tpu(torch.ones(2)), tpu(torch.ones(2)))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, INF, 0.5])
+def test_renorm_as_cpu(p, no_cpu_fallback):
+    w = make((5, 4, 3), torch.float32)
+    for dim in (0, 1, -1):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+            assert_same(torch.renorm(tpu(w.to(dtype)), p, dim, 2.0), torch.renorm(w.to(dtype), p, dim, 2.0),
+                        rtol=tol, atol=tol)
+
+
+def test_logspace_as_cpu(no_cpu_fallback):
+    for args in [(0, 3, 5), (-2, 2, 7, 2.0), (1, 10, 1), (0.5, 3.3, 11, math.e), (2, -2, 6, 0.5), (0, 1, 0)]:
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
+            assert_same(torch.logspace(*args, dtype=dtype, device="tpu"), torch.logspace(*args, dtype=dtype),
+                        rtol=0, atol=0)
+
+
+def test_tril_triu_indices_as_cpu(no_cpu_fallback):
+    for r, c, o in [(4, 5, 0), (4, 5, -1), (5, 3, 2), (0, 3, 0), (3, 3, -5), (6, 4, 10), (100, 80, -3)]:
+        for fn in (torch.tril_indices, torch.triu_indices):
+            assert_same(fn(r, c, o, device="tpu"), fn(r, c, o))
+    assert torch.tril_indices(3, 3, dtype=torch.int32, device="tpu").dtype == torch.int32
+
+
+def test_channel_shuffle_as_cpu(no_cpu_fallback):
+    x = make((2, 12, 3, 3), torch.float32)
+    for g in (1, 2, 3, 4, 6, 12):
+        assert_same(F.channel_shuffle(tpu(x), g), F.channel_shuffle(x, g))
+    assert_same(torch.nn.ChannelShuffle(3)(tpu(make((1, 6, 5)))), torch.nn.ChannelShuffle(3)(make((1, 6, 5))))
+    with pytest.raises(RuntimeError, match="divisible by groups"):
+        F.channel_shuffle(tpu(x), 5)

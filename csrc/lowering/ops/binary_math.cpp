@@ -1,5 +1,5 @@
 // More elementwise binary functions: atan2, hypot, logaddexp/logaddexp2,
-// fmax/fmin, copysign, heaviside, xlog1py, nextafter and linalg_cross, with
+// fmax/fmin, copysign, heaviside, xlog1py, zeta, nextafter and linalg_cross, with
 // the special values of PyTorch's CPU kernels. Computed in the output's math dtype
 // (float32 for half types, rounded once), operands broadcast to the output.
 #include <cmath>
@@ -114,6 +114,23 @@ std::vector<Value> xlog1py(LoweringContext& ctx) {
   return {b.convert(r, p.out)};
 }
 
+// Hurwitz zeta(x, q) (CHLO's), with CPU's (Cephes') domain rules: inf at
+// x == 1, NaN for x < 1; for q <= 0, inf at an integer q and NaN for a
+// non-integer x.
+std::vector<Value> zeta(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  Pair p = operands(ctx);
+  const Value &x = p.a, &q = p.o;
+  auto is_int = [&](const Value& v) { return b.compare(Cmp::EQ, v, b.unary("floor", v)); };
+  Value r = b.op("chlo.zeta", {x, q}, x.type);
+  Value q_le0 = b.compare(Cmp::LE, q, splat_like(b, 0, q));
+  r = b.select(b.binary("and", q_le0, b.unary("not", is_int(x))), splat_like(b, NAN, r), r);
+  r = b.select(b.binary("and", q_le0, is_int(q)), splat_like(b, INFINITY, r), r);
+  r = b.select(b.compare(Cmp::LT, x, splat_like(b, 1, x)), splat_like(b, NAN, r), r);
+  r = b.select(b.compare(Cmp::EQ, x, splat_like(b, 1, x)), splat_like(b, INFINITY, r), r);
+  return {b.convert(r, p.out)};
+}
+
 // nextafter steps in the output dtype itself (a half's next value is not
 // float32's).
 std::vector<Value> nextafter(LoweringContext& ctx) {
@@ -156,5 +173,6 @@ TORCH_PJRT_LOWERING("copysign", copysign);
 TORCH_PJRT_LOWERING("heaviside", heaviside);
 TORCH_PJRT_LOWERING("special_xlog1py", xlog1py);
 TORCH_PJRT_LOWERING("nextafter", nextafter);
+TORCH_PJRT_LOWERING("special_zeta", zeta);
 
 }  // namespace torch_pjrt::lowering::ops

@@ -36,4 +36,9 @@ Value python_remainder(Builder& b, const Value& a, const Value& d);
 // (values, int64 indices) of x sorted stably along dim (NaN greatest), sort.cpp.
 std::pair<Value, Value> sort_with_indices(Builder& b, const Value& x, int64_t dim, bool descending);
 
+// Inclusive scan of x along dim by an associative `combine` (scan.cpp): the
+// log-step scan cumsum/cumprod use; `identity` pads the front.
+using Combine = std::function<Value(Builder&, const Value&, const Value&)>;
+Value inclusive_scan(Builder& b, const Value& x, int64_t dim, double identity, const Combine& combine);
+
 }  // namespace torch_pjrt::lowering::ops

@@ -1,4 +1,4 @@
-// Factories whose values are not a constant fill: arange, linspace, eye.
+// Factories whose values are not a constant fill: arange, linspace, logspace, eye.
 // (zeros/ones/full/empty and the *_like variants are empty + fill_.)
 #include <cmath>
 #include <utility>
@@ -99,6 +99,47 @@ std::vector<Value> linspace(LoweringContext& ctx, const TensorType& out) {
   return {b.select(first, lo, hi)};
 }
 
+// logspace: base ** e for e = start + step*i in the first half and
+// end - step*(n-1-i) in the second, as CPU's kernel: start and end in the
+// output type, their difference rounded to it, the exponents and the power in
+// float64 (float32 with a float32 base for integer outputs), then rounded.
+std::vector<Value> logspace(LoweringContext& ctx, const TensorType& out) {
+  Builder& b = ctx.b;
+  int64_t n = out.numel();
+  if (n == 0) return {b.zeros(out)};
+  bool integral = !is_float(out.dtype);
+  DType wt = integral ? DType::F32 : DType::F64;
+  double base = ctx.to_double("base", 10.0);
+  auto endpoint = [&](const char* name) {
+    const Arg& a = ctx.arg(name);
+    bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||
+                      (a.kind == Arg::Tensor && !is_float(a.tensor.dtype()));
+    Value v = b.convert(b.reshape(ctx.operand(name, int_scalar ? DType::I64 : DType::F64), {}), out.dtype);
+    return v;  // in the output type
+  };
+  Value start_t = endpoint("start"), end_t = endpoint("end");
+  auto full = [&](const Value& v) { return b.broadcast_to(v, out.shape); };
+  Value base_v = b.splat(Scalar::from_float(integral ? double(float(base)) : base), TensorType{wt, out.shape});
+  Value start = b.convert(start_t, wt);
+  if (n == 1) return {b.convert(b.binary("power", base_v, full(start)), out.dtype)};
+  Value diff = b.convert(b.binary("subtract", end_t, start_t), wt);  // (rounded to the output type)
+  Value step = b.binary("divide", diff, b.constant_int(n - 1, wt));
+  Value end = b.convert(end_t, wt);
+  Value i = b.iota(TensorType{wt, out.shape}, 0);
+  Value rev = b.binary("subtract", b.splat(Scalar::from_int(n - 1), i.type), i);
+  Value lo, hi;
+  if (integral) {
+    lo = b.binary("add", full(start), b.binary("multiply", full(step), i));
+    hi = b.binary("subtract", full(end), b.binary("multiply", full(step), rev));
+  } else {
+    lo = fma_f64(b, full(step), i, full(start));
+    hi = fma_f64(b, b.unary("negate", full(step)), rev, full(end));
+  }
+  Value first = b.compare(Cmp::LT, b.iota(TensorType{DType::I64, out.shape}, 0),
+                          b.splat(Scalar::from_int(n / 2), TensorType{DType::I64, out.shape}));
+  return {b.convert(b.binary("power", base_v, b.select(first, lo, hi)), out.dtype)};
+}
+
 // Computed as a 1-d sequence, then laid out row-major in the result: an out=
 // tensor of another shape but as many elements keeps its shape, as CPU's
 // arange_out/linspace_out resize only on a different count (plan_build.cpp).
@@ -120,6 +161,7 @@ std::vector<Value> eye(LoweringContext& ctx) {
 
 TORCH_PJRT_LOWERING("arange", sequence<arange>);
 TORCH_PJRT_LOWERING("linspace", sequence<linspace>);
+TORCH_PJRT_LOWERING("logspace", sequence<logspace>);
 TORCH_PJRT_LOWERING("eye", eye);
 
 }  // namespace torch_pjrt::lowering::ops

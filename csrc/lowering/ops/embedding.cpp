@@ -1,11 +1,10 @@
 // Embedding lookup and its dense gradient, as whole-row gathers and scatters.
-// Indices are not range-checked (that needs their values, which stay on the
-// device): out-of-range rows are clamped by gather and dropped by scatter, where
-// PyTorch raises.
-#include "lowering/ops/common.h"
+// The lookup's indices are range-checked on the device (ctx.check_indices:
+// the error comes at the next host read); the gradient's are not, and its
+// scatter drops out-of-range rows.
+#include "lowering/ops/embedding.h"
 
 namespace torch_pjrt::lowering::ops {
-namespace {
 
 // Rows weight[indices] : [*indices, D] (the JAX/XLA convention for x[idx] on dim 0,
 // index_vector_dim = rank(indices) making each index a 1-vector).
@@ -20,9 +19,8 @@ Value gather_rows(Builder& b, const Value& weight, const Value& indices) {
                   ", indices_are_sorted = false");
 }
 
-// target[indices[i]] += updates[i] for rows; updates : [*indices, D], target : [W, D].
-// With a rank-1 target and updates shaped like indices it adds single elements.
-Value scatter_add_rows(Builder& b, const Value& target, const Value& indices, const Value& updates) {
+Value scatter_rows(Builder& b, const Value& target, const Value& indices, const Value& updates,
+                   const std::string& combine_op) {
   int64_t k = indices.rank();
   std::string window = target.rank() == 2 ? "[" + std::to_string(k) + "]" : "[]";
   return b.op_multi("stablehlo.scatter", {target, indices, updates}, {target.type},
@@ -30,8 +28,14 @@ Value scatter_add_rows(Builder& b, const Value& target, const Value& indices, co
                         ", inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], "
                         "index_vector_dim = " + std::to_string(k) +
                         ">, indices_are_sorted = false, unique_indices = false",
-                    b.binary_region(target.dtype(), "stablehlo.add"))[0];
+                    b.binary_region(target.dtype(), combine_op))[0];
 }
+
+Value scatter_add_rows(Builder& b, const Value& target, const Value& indices, const Value& updates) {
+  return scatter_rows(b, target, indices, updates, "stablehlo.add");
+}
+
+namespace {
 
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse): the options
 // only matter to the backward.

@@ -226,6 +226,32 @@ std::vector<Value> vector_norm(LoweringContext& ctx) {
   return {b.reshape(r, ctx.out().shape)};
 }
 
+// renorm(self, p, dim, maxnorm): each slice along dim whose p-norm exceeds
+// maxnorm is scaled by maxnorm / (norm + 1e-7), as CPU: the norm over the
+// other dims in float32 for half types, rounded to self's dtype, the factor
+// in float64 from it, rounded, and the product in self's dtype. (Its Meta
+// function checks p, maxnorm and the rank.)
+std::vector<Value> renorm(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& self = ctx.tensor("self");
+  DType t = self.dtype(), acc = acc_dtype(t);
+  if (self.type.numel() == 0) return {b.zeros(ctx.out())};
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < self.rank(); ++d)
+    if (d != dim) dims.push_back(d);
+  double p = ctx.to_double("p", 2.0), maxnorm = ctx.to_double("maxnorm", 1.0);
+  Value a = b.unary("abs", b.convert(self, acc));
+  Value norm = b.convert(std::isinf(p) ? max_or_min(b, a, dims, p > 0) : finite_p_norm(b, a, dims, p, acc), t);
+  auto f64 = [&](const Value& v) { return b.convert(v, DType::F64); };
+  Value eps = b.convert(b.convert(b.splat(Scalar::from_float(1e-7), {DType::F64, norm.shape()}), t), acc);
+  Value shifted = f64(b.convert(b.binary("add", b.convert(norm, acc), eps), t));  // norm + eps in self's dtype
+  Value factor = b.convert(b.binary("divide", splat_like(b, maxnorm, shifted), shifted), t);
+  factor = b.select(b.compare(Cmp::GT, f64(norm), splat_like(b, maxnorm, f64(norm))), factor, splat_like(b, 1, factor));
+  Value scaled = b.binary("multiply", b.convert(self, acc), b.broadcast_in_dim(b.convert(factor, acc), self.shape(), {dim}));
+  return {b.convert(scaled, ctx.out().dtype)};
+}
+
 // aten::norm takes the order as "p"; _foreach_norm's element passes "ord".
 std::vector<Value> norm(LoweringContext& ctx) {
   if (ctx.has("p") && !ctx.has("ord")) {
@@ -357,6 +383,7 @@ TORCH_PJRT_LOWERING("all", [](LoweringContext& c) { return all_any(c, true); });
 TORCH_PJRT_LOWERING("any", [](LoweringContext& c) { return all_any(c, false); });
 TORCH_PJRT_LOWERING("linalg_vector_norm", vector_norm);
 TORCH_PJRT_LOWERING("norm", norm);
+TORCH_PJRT_LOWERING("renorm", renorm);
 TORCH_PJRT_LOWERING("_cdist_forward", cdist_forward);
 TORCH_PJRT_LOWERING("_cdist_backward", cdist_backward);
 

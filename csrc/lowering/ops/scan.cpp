@@ -13,11 +13,8 @@
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
-namespace {
 
-using Combine = std::function<Value(Builder&, const Value&, const Value&)>;
-
-Value scan(Builder& b, const Value& x, int64_t dim, double identity, const Combine& combine) {
+Value inclusive_scan(Builder& b, const Value& x, int64_t dim, double identity, const Combine& combine) {
   int64_t n = x.shape()[dim];
   Value acc = x;
   Value pad_value = b.constant(identity, x.dtype());
@@ -32,6 +29,8 @@ Value scan(Builder& b, const Value& x, int64_t dim, double identity, const Combi
   return acc;
 }
 
+namespace {
+
 // Converts self to the result dtype (dtype= or int -> int64 from Meta), scans
 // in the accumulation dtype and rounds once.
 std::vector<Value> cumulative(LoweringContext& ctx, double identity, const Combine& combine) {
@@ -41,7 +40,7 @@ std::vector<Value> cumulative(LoweringContext& ctx, double identity, const Combi
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
   if (x.rank() == 0) x = b.reshape(x, {1});
   if (x.type.numel() == 0) return {b.zeros(ctx.out())};
-  return {b.reshape(b.convert(scan(b, x, dim, identity, combine), out), ctx.out().shape)};
+  return {b.reshape(b.convert(inclusive_scan(b, x, dim, identity, combine), out), ctx.out().shape)};
 }
 
 Combine binary_op(const char* name) {

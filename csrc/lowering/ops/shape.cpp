@@ -1,4 +1,5 @@
-// Shape ops that move data: cat, flip, roll, tril/triu.
+// Shape ops that move data: cat, flip, roll, tril/triu, channel_shuffle, and
+// the index lists tril_indices/triu_indices.
 // Pure views (view, permute, slice, expand ...) never get here: the executor
 // reads them as strided accesses of their storage.
 #include "lowering/ops/common.h"
@@ -64,6 +65,57 @@ std::vector<Value> triangle(LoweringContext& ctx, Cmp keep) {
   return {b.select(mask, x, b.zeros(x.type))};
 }
 
+// channel_shuffle(self [N, C, *], groups): channel g * (C / groups) + k moves
+// to k * groups + g, a reshape, a transpose and a reshape.
+std::vector<Value> channel_shuffle(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& x = ctx.tensor("self");
+  int64_t groups = ctx.to_int("groups", 1);
+  if (x.rank() <= 2)
+    ctx.fail("channel_shuffle expects input to have at least 3 dimensions, but got input with " +
+             std::to_string(x.rank()) + " dimensions");
+  if (groups <= 0)
+    ctx.fail("Number of groups to divide channels in must be positive. Value of groups:" + std::to_string(groups));
+  int64_t c = x.shape()[1];
+  if (c % groups != 0)
+    ctx.fail("Number of channels must be divisible by groups. Got " + std::to_string(c) + " channels and " +
+             std::to_string(groups) + " groups.");
+  if (x.type.numel() == 0) return {b.zeros(ctx.out())};
+  Shape split = x.shape();
+  split[1] = c / groups;
+  split.insert(split.begin() + 1, groups);
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < int64_t(split.size()); ++d) perm.push_back(d);
+  std::swap(perm[1], perm[2]);
+  return {b.reshape(b.transpose(b.reshape(x, split), perm), ctx.out().shape)};
+}
+
+// tril_indices/triu_indices(row, col, offset): the [2, N] coordinates of the
+// kept elements of a row x col matrix in row-major order. Each kept element's
+// place is the count of kept elements before it (a scan of the mask), and
+// its row and column are scattered there.
+std::vector<Value> triangle_indices(LoweringContext& ctx, Cmp keep) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  int64_t rows = ctx.to_int("row", 0), cols = ctx.to_int("col", 0), n = out.shape[1];
+  if (n == 0) return {b.zeros(out)};
+  int64_t cells = rows * cols;
+  TensorType mt{DType::I64, {rows, cols}};
+  Value diff = b.binary("subtract", b.iota(mt, 1), b.iota(mt, 0));
+  Value mask = b.reshape(b.compare(keep, diff, b.splat(Scalar::from_int(ctx.to_int("offset", 0)), mt)), {cells});
+  TensorType flat{DType::I64, {cells}};
+  Value place = inclusive_scan(b, b.convert(mask, DType::I64), 0, 0.0,
+                               [](Builder& b, const Value& x, const Value& y) { return b.binary("add", x, y); });
+  place = b.select(mask, b.binary("subtract", place, b.splat(Scalar::from_int(1), flat)),
+                   b.splat(Scalar::from_int(n), flat));  // (dropped by the scatter)
+  auto spread = [&](int64_t dim) {
+    Value v = b.reshape(b.iota(mt, dim), {cells});
+    return b.scatter_elements(b.zeros({DType::I64, {n}}), b.reshape(place, {cells, 1}), v);
+  };
+  Value both = b.concatenate({b.reshape(spread(0), {1, n}), b.reshape(spread(1), {1, n})}, 0);
+  return {b.convert(both, out.dtype)};
+}
+
 // unfold_backward(grad_in, input_sizes, dim, size, step): the gradient of
 // x.unfold(dim, size, step). Window w's element k came from x[.. w*step+k ..]:
 // scatter-add every grad element there (overlapping windows add up).
@@ -96,6 +148,9 @@ TORCH_PJRT_LOWERING("cat", cat);
 TORCH_PJRT_LOWERING("flip", flip);
 TORCH_PJRT_LOWERING("roll", roll);
 TORCH_PJRT_LOWERING("tril", [](LoweringContext& c) { return triangle(c, Cmp::LE); });
+TORCH_PJRT_LOWERING("channel_shuffle", channel_shuffle);
+TORCH_PJRT_LOWERING("tril_indices", [](LoweringContext& c) { return triangle_indices(c, Cmp::LE); });
+TORCH_PJRT_LOWERING("triu_indices", [](LoweringContext& c) { return triangle_indices(c, Cmp::GE); });
 TORCH_PJRT_LOWERING("triu", [](LoweringContext& c) { return triangle(c, Cmp::GE); });
 
 }  // namespace torch_pjrt::lowering::ops

@@ -4,6 +4,7 @@
 // PyTorch's default float (ctx.out().dtype); half types are computed in
 // float32 and rounded once, as PyTorch's CPU kernels do.
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "lowering/ops/common.h"
@@ -160,6 +161,52 @@ std::vector<Value> frac(LoweringContext& ctx) {
   });
 }
 
+// frexp: x = mantissa * 2^exponent with |mantissa| in [0.5, 1), as std::frexp;
+// zero, inf and NaN are their own mantissa with exponent 0. Bit arithmetic
+// only (XLA's CPU backend flushes subnormal products): a subnormal's mantissa
+// bits are shifted up to the implicit bit's place. Half types go through
+// float32 (exact).
+std::vector<Value> frexp(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& self = ctx.tensor("self");
+  if (!is_float(self.dtype()))
+    ctx.fail("torch.frexp() only supports floating-point dtypes");
+  bool f64 = self.dtype() == DType::F64;
+  DType wt = f64 ? DType::F64 : DType::F32, it = f64 ? DType::I64 : DType::I32;
+  int64_t mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127, width = f64 ? 64 : 32;
+  Value x = b.convert(self, wt);
+  TensorType itype{it, x.shape()};
+  auto k = [&](int64_t v) { return b.splat(Scalar::from_int(v), itype); };
+  auto band = [&](const Value& u, const Value& v) { return b.binary("and", u, v); };
+  Value bits = b.bitcast_convert(x, itype);
+  int64_t field_mask = (int64_t(1) << (f64 ? 11 : 8)) - 1, mant_mask = (int64_t(1) << mant) - 1;
+  Value field = band(b.op("stablehlo.shift_right_logical", {bits, k(mant)}, itype), k(field_mask));
+  Value frac = band(bits, k(mant_mask));
+  Value sign = band(bits, k(f64 ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int32_t>::min()));
+  // Normal: exponent field - (bias - 1), the fraction kept. Subnormal: its
+  // leading one at bit msb makes the exponent msb + 1 - (bias - 1 + mant).
+  Value msb = b.binary("subtract", k(width - 1), b.unary("count_leading_zeros", frac));
+  Value sub = b.compare(Cmp::EQ, field, k(0));
+  Value e = b.select(sub, b.binary("subtract", msb, k(bias - 2 + mant)), b.binary("subtract", field, k(bias - 1)));
+  Value shifted = band(b.op("stablehlo.shift_left", {frac, b.binary("subtract", k(mant), msb)}, itype), k(mant_mask));
+  frac = b.select(sub, shifted, frac);
+  Value m = b.bitcast_convert(b.binary("or", sign, b.binary("or", frac, k((bias - 1) << mant))), x.type);
+  // Zero, inf and NaN: no leading one (a zero field and fraction) or the top field.
+  Value special = b.binary("or", b.binary("and", sub, b.compare(Cmp::EQ, band(bits, k(mant_mask)), k(0))),
+                           b.compare(Cmp::EQ, field, k(field_mask)));
+  m = b.select(special, x, m);
+  e = b.select(special, k(0), e);
+  return {b.convert(m, ctx.out(0).dtype), b.convert(e, ctx.out(1).dtype)};
+}
+
+// entr(x) = -x ln x: 0 at 0, -inf below 0, NaN for NaN.
+Value entr(Builder& b, const Value& x) {
+  Value r = b.binary("multiply", b.unary("negate", x), b.unary("log", x));
+  Value zero = splat_like(b, 0, x);
+  r = b.select(b.compare(Cmp::EQ, x, zero), zero, r);
+  return b.select(b.compare(Cmp::LT, x, zero), splat_like(b, -INFINITY, x), r);
+}
+
 }  // namespace
 
 // The sign bit of a float (true for -0.0 and negative NaNs); x < 0 for integers.
@@ -219,6 +266,8 @@ TORCH_PJRT_LOWERING("lgamma", [](LoweringContext& c) { return float_unary(c, lga
 TORCH_PJRT_LOWERING("digamma", [](LoweringContext& c) { return float_unary(c, digamma); });
 TORCH_PJRT_LOWERING("polygamma", polygamma);
 TORCH_PJRT_LOWERING("frac", frac);
+TORCH_PJRT_LOWERING("frexp", frexp);
+TORCH_PJRT_LOWERING("special_entr", [](LoweringContext& c) { return float_unary(c, entr); });
 TORCH_PJRT_LOWERING("signbit", [](LoweringContext& c) {
   return std::vector<Value>{signbit(c.b, c.tensor("self"))};
 });
