@@ -676,3 +676,15 @@ def test_channel_shuffle_as_cpu(no_cpu_fallback):
     assert_same(torch.nn.ChannelShuffle(3)(tpu(make((1, 6, 5)))), torch.nn.ChannelShuffle(3)(make((1, 6, 5))))
     with pytest.raises(RuntimeError, match="divisible by groups"):
         F.channel_shuffle(tpu(x), 5)
+
+
+def test_nonzero_static_as_cpu(no_cpu_fallback):
+    g = torch.Generator().manual_seed(1)
+    cases = [torch.tensor([0, 1, 0, 2, 3, 0]), torch.randint(0, 2, (3, 4, 5), generator=g), torch.tensor(5.0),
+             torch.tensor(0.0), torch.zeros(0, 3), torch.tensor([[True, False], [True, True]]),
+             torch.tensor([0.0, -0.0, NAN, 1e-40]), torch.tensor([0.0, 1e-40], dtype=torch.float64)]
+    for x in cases:
+        for size in (0, 1, 3, 70):
+            for fill in (-1, 7):
+                assert_same(torch.nonzero_static(tpu(x), size=size, fill_value=fill),
+                            torch.nonzero_static(x, size=size, fill_value=fill))

@@ -1,5 +1,5 @@
 // Shape ops that move data: cat, flip, roll, tril/triu, channel_shuffle, and
-// the index lists tril_indices/triu_indices.
+// the index lists tril_indices/triu_indices and nonzero_static.
 // Pure views (view, permute, slice, expand ...) never get here: the executor
 // reads them as strided accesses of their storage.
 #include "lowering/ops/common.h"
@@ -90,30 +90,74 @@ std::vector<Value> channel_shuffle(LoweringContext& ctx) {
   return {b.reshape(b.transpose(b.reshape(x, split), perm), ctx.out().shape)};
 }
 
+// The rows of `values` [m, k] whose `keep` [m] is true, in order, in the first
+// rows of an [n, k] result filled with `fill`: each kept row's place is the
+// count of kept rows before it (a scan), and it is scattered there (places
+// past n are dropped).
+Value compact_rows(Builder& b, const Value& keep, const Value& values, int64_t n, const Value& fill) {
+  int64_t m = values.shape()[0], k = values.shape()[1];
+  TensorType it{DType::I64, {m}};
+  Value place = inclusive_scan(b, b.convert(keep, DType::I64), 0, 0.0,
+                               [](Builder& b, const Value& x, const Value& y) { return b.binary("add", x, y); });
+  place = b.select(keep, b.binary("subtract", place, b.splat(Scalar::from_int(1), it)), b.splat(Scalar::from_int(n), it));
+  Value target = b.broadcast_to(b.reshape(fill, {}), {n, k});
+  return b.op_multi("stablehlo.scatter", {target, b.reshape(place, {m, 1}), values}, {target.type},
+                    "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], "
+                    "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+                    "indices_are_sorted = true, unique_indices = false",
+                    b.scatter_region(values.dtype(), ""))[0];
+}
+
+// The coordinates [numel, rank] of every element of a shape, row-major.
+Value coordinates(Builder& b, const Shape& shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  std::vector<Value> cols;
+  for (int64_t d = 0; d < int64_t(shape.size()); ++d)
+    cols.push_back(b.reshape(b.iota({DType::I64, shape}, d), {numel, 1}));
+  return cols.empty() ? b.zeros({DType::I64, {numel, 0}}) : b.concatenate(cols, 1);
+}
+
 // tril_indices/triu_indices(row, col, offset): the [2, N] coordinates of the
-// kept elements of a row x col matrix in row-major order. Each kept element's
-// place is the count of kept elements before it (a scan of the mask), and
-// its row and column are scattered there.
+// kept elements of a row x col matrix in row-major order.
 std::vector<Value> triangle_indices(LoweringContext& ctx, Cmp keep) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   int64_t rows = ctx.to_int("row", 0), cols = ctx.to_int("col", 0), n = out.shape[1];
   if (n == 0) return {b.zeros(out)};
-  int64_t cells = rows * cols;
   TensorType mt{DType::I64, {rows, cols}};
   Value diff = b.binary("subtract", b.iota(mt, 1), b.iota(mt, 0));
-  Value mask = b.reshape(b.compare(keep, diff, b.splat(Scalar::from_int(ctx.to_int("offset", 0)), mt)), {cells});
-  TensorType flat{DType::I64, {cells}};
-  Value place = inclusive_scan(b, b.convert(mask, DType::I64), 0, 0.0,
-                               [](Builder& b, const Value& x, const Value& y) { return b.binary("add", x, y); });
-  place = b.select(mask, b.binary("subtract", place, b.splat(Scalar::from_int(1), flat)),
-                   b.splat(Scalar::from_int(n), flat));  // (dropped by the scatter)
-  auto spread = [&](int64_t dim) {
-    Value v = b.reshape(b.iota(mt, dim), {cells});
-    return b.scatter_elements(b.zeros({DType::I64, {n}}), b.reshape(place, {cells, 1}), v);
-  };
-  Value both = b.concatenate({b.reshape(spread(0), {1, n}), b.reshape(spread(1), {1, n})}, 0);
-  return {b.convert(both, out.dtype)};
+  Value mask = b.reshape(b.compare(keep, diff, b.splat(Scalar::from_int(ctx.to_int("offset", 0)), mt)), {rows * cols});
+  Value at = compact_rows(b, mask, coordinates(b, {rows, cols}), n, b.constant_int(0, DType::I64));
+  return {b.convert(b.transpose(at, {1, 0}), out.dtype)};
+}
+
+// nonzero_static(self, size, fill_value): the first `size` coordinates of
+// non-zero elements (row-major), the rest fill_value: nonzero with a static
+// shape, as code written for XLA uses it.
+std::vector<Value> nonzero_static(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Value& x = ctx.tensor("self");
+  const TensorType& out = ctx.out();
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value fill = b.constant_int(ctx.to_int("fill_value", -1), DType::I64);
+  if (x.type.numel() == 0) return {b.convert(b.broadcast_to(fill, out.shape), out.dtype)};
+  int64_t numel = x.type.numel();
+  Value flat = b.reshape(x, {numel});
+  Value nonzero;
+  if (x.dtype() == DType::Bool) {
+    nonzero = flat;
+  } else if (is_float(x.dtype())) {  // bits past the sign: XLA's CPU backend compares subnormals as 0
+    DType it = x.dtype() == DType::F64 ? DType::I64 : x.dtype() == DType::F32 ? DType::I32 : DType::I16;
+    TensorType bt{it, {numel}};
+    Value bits = b.op("stablehlo.shift_left", {b.bitcast_convert(flat, bt), b.splat(Scalar::from_int(1), bt)}, bt);
+    nonzero = b.compare(Cmp::NE, bits, b.zeros(bt));
+  } else {
+    nonzero = b.compare(Cmp::NE, flat, b.zeros(flat.type));
+  }
+  Shape shape = x.rank() == 0 ? Shape{1} : x.shape();
+  Value at = compact_rows(b, nonzero, coordinates(b, shape), out.shape[0], fill);
+  return {b.convert(b.reshape(at, out.shape), out.dtype)};
 }
 
 // unfold_backward(grad_in, input_sizes, dim, size, step): the gradient of
@@ -151,6 +195,7 @@ TORCH_PJRT_LOWERING("tril", [](LoweringContext& c) { return triangle(c, Cmp::LE)
 TORCH_PJRT_LOWERING("channel_shuffle", channel_shuffle);
 TORCH_PJRT_LOWERING("tril_indices", [](LoweringContext& c) { return triangle_indices(c, Cmp::LE); });
 TORCH_PJRT_LOWERING("triu_indices", [](LoweringContext& c) { return triangle_indices(c, Cmp::GE); });
+TORCH_PJRT_LOWERING("nonzero_static", nonzero_static);
 TORCH_PJRT_LOWERING("triu", [](LoweringContext& c) { return triangle(c, Cmp::GE); });
 
 }  // namespace torch_pjrt::lowering::ops
