@@ -292,3 +292,25 @@ def test_adaptive_max_pool_even_windows_pick_as_cpu(nd, out, size):
     c, t = fn(x, out, return_indices=True), fn(tpu(x), out, return_indices=True)
     assert_same(t[1], c[1])
     assert_same(t[0], c[0])
+
+
+@pytest.mark.parametrize("shape,k,s", [((2, 3, 8, 8), 2, 2), ((3, 7, 9), 3, 2), ((1, 2, 5, 6), 2, 1)])
+def test_max_unpool2d_round_trip_and_gradient(shape, k, s, no_cpu_fallback):
+    x = make(shape, torch.float32)
+    res = []
+    for dev in ("cpu", "tpu"):
+        xd = x.to(dev).detach().clone().requires_grad_(True)
+        o, i = F.max_pool2d(xd, k, s, return_indices=True)
+        u = F.max_unpool2d(o, i, k, s, output_size=shape[-2:])
+        u.backward(make(u.shape, torch.float32, seed=5).to(dev))
+        res.append((u, xd.grad))
+    assert_same(res[1][0], res[0][0])
+    assert_same(res[1][1], res[0][1])
+
+
+def test_max_unpool3d_and_a_bad_index(no_cpu_fallback):
+    x = make((2, 2, 4, 6, 6), torch.float32)
+    o, i = F.max_pool3d(x, 2, 2, return_indices=True)
+    assert_same(F.max_unpool3d(tpu(o), tpu(i), 2, 2), F.max_unpool3d(o, i, 2, 2))
+    with pytest.raises(RuntimeError, match="invalid max index"):
+        F.max_unpool2d(tpu(torch.ones(1, 1, 2, 2)), tpu(torch.tensor([[[[0, 1], [2, 99]]]])), 2).cpu()
