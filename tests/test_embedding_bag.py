@@ -143,3 +143,12 @@ def test_runs_inside_one_compiled_graph(no_cpu_fallback):
     bag_t.load_state_dict(bag.state_dict())
     fn = torch.compile(lambda i, o: bag_t(i, o) * 2, backend="tpu", fullgraph=True)
     assert_same(fn(tpu(idx), tpu(off)), bag(idx, off) * 2, rtol=1e-6, atol=1e-6)
+
+
+def test_sparse_gradient_is_refused_with_a_clear_message():
+    bag = torch.nn.EmbeddingBag(10, 3, sparse=True, padding_idx=0).to("tpu")
+    with pytest.raises(NotImplementedError, match=r"sparse=False"):
+        bag(tpu(torch.tensor([1, 2, 0, 4])), tpu(torch.tensor([0, 2]))).sum().backward()
+    with torch.no_grad():  # no gradient: the forward alone runs
+        out = bag(tpu(torch.tensor([1, 2, 0, 4])), tpu(torch.tensor([0, 2])))
+    assert out.shape == (2, 3)
