@@ -429,6 +429,20 @@ void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       at::_linalg_check_errors((*stack)[stack->size() - rets.size() + j].toTensor(), api, is_matrix);
 }
 
+// nn.EmbeddingBag(sparse=True)'s backward makes a sparse gradient, which tpu
+// has not; PyTorch's Meta kernel for it (run before any lowering) fails on
+// nonzero with an unrelated message, so the refusal comes first.
+void embedding_bag_backward_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& sargs = op.schema().arguments();
+  size_t base = stack->size() - sargs.size();
+  for (size_t i = 0; i < sargs.size(); ++i)
+    TORCH_CHECK_NOT_IMPLEMENTED(sargs[i].name() != "sparse" || !(*stack)[base + i].toBool(),
+                                "torch_pjrt: sparse tensors are not supported on device tpu: "
+                                "nn.EmbeddingBag(sparse=True) makes one for the weight's gradient; use "
+                                "sparse=False (a dense gradient) on tpu.");
+  eager::lowering_fallback(op, stack);
+}
+
 // addr on tpu is PyTorch's composite (math_addr), which skips the scalar
 // checks CPU's and CUDA's kernels make; they are made here first.
 void check_addr_scalars(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
@@ -514,6 +528,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   m.impl("addr", addr);
+  m.impl("_embedding_bag_backward", torch::CppFunction::makeFromBoxedFunction<&embedding_bag_backward_checked>());
   m.impl("addr.out", addr_out);
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   for (const char* op : {"linalg_inv_ex", "linalg_inv_ex.inverse", "linalg_cholesky_ex", "linalg_cholesky_ex.L",

@@ -22,7 +22,7 @@ namespace {
 constexpr int64_t kMean = 1, kMax = 2;
 constexpr const char* kNoSparse =
     "sparse tensors are not supported on device tpu: nn.EmbeddingBag(sparse=True) makes one for the "
-    "weight's gradient; use sparse=False (a dense gradient) on tpu.";
+    "weight's gradient; use sparse=False (a dense gradient) on tpu.";  // (eager raises it before: aten_kernels.cpp)
 
 Value full_i64(Builder& b, int64_t v, const Shape& shape) {
   return b.splat(Scalar::from_int(v), TensorType{DType::I64, shape});
@@ -111,11 +111,6 @@ std::vector<Value> embedding_bag(LoweringContext& ctx) {
   if (weight.rank() != 2)
     ctx.fail("weight has to be a 2D Tensor, but got Tensor of dimension " + std::to_string(weight.rank()));
   int64_t mode = ctx.to_int("mode", 0), padding_idx = ctx.to_int("padding_idx", -1);
-  // _embedding_bag (not _forward_only) runs when the weight needs a gradient;
-  // a sparse one cannot be made on tpu, and PyTorch's Meta kernel for its
-  // backward fails with an unrelated message (nonzero), so say it here.
-  if (ctx.op == "_embedding_bag" && ctx.to_bool("sparse", false))
-    ctx.not_implemented(kNoSparse);
   bool weighted = ctx.has("per_sample_weights");
   if (weighted && ctx.tensor("per_sample_weights").dtype() != weight.dtype())
     ctx.fail(std::string("embedding_bag: expected per_sample_weights to have the same dtype as weight (") +
