@@ -16,6 +16,7 @@ import time
 import torch
 
 import torch_pjrt  # noqa: F401
+from table import print_table
 
 OPS = {
     "solve": lambda a, b: torch.linalg.solve(a, b),
@@ -54,15 +55,8 @@ def main():
             c, d = statistics.median(cpu) * 1e3, statistics.median(dev) * 1e3
             rows.append((name, n, first * 1e3, d, c, c / d, err))
     head = ("op", "n", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "cpu / tpu", "rel. diff (norm)")
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.2f}x | {r[6]:.1e} |")
-    else:
-        print("%-6s %5s %20s %14s %10s %10s %16s" % head)
-        for r in rows:
-            print("%-6s %5d %20.1f %14.3f %10.3f %9.2fx %16.1e" % r)
+    rows = [(r[0], r[1], r[2], r[3], r[4], f"{r[5]:.2f}x", r[6]) for r in rows]
+    print_table(head, rows, ("", "d", ".1f", ".3f", ".3f", "", ".1e"), args.markdown)
     print(f"batch {args.batch}, float32, median of {args.repeats} synced calls each")
 
 

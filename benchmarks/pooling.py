@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
+from table import print_table
 
 CASES = [
     ("max_pool2d 3x3 s2 p1 (ResNet stem), 8x64x112x112", lambda x: F.max_pool2d(x, 3, 2, 1), (8, 64, 112, 112)),
@@ -47,14 +48,7 @@ def main():
         same = torch.equal(fn(xt).cpu(), fn(x))
         rows.append((name, first * 1e3, statistics.median(dev) * 1e3, statistics.median(cpu) * 1e3, same))
     head = ("case", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "same values")
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.2f} | {r[3]:.2f} | {r[4]} |")
-    else:
-        for r in rows:
-            print(f"{r[0]:52s} first {r[1]:8.0f} ms  warm {r[2]:8.2f} ms  cpu {r[3]:8.2f} ms  same {r[4]}")
+    print_table(head, rows, ("", ".0f", ".2f", ".2f", ""), args.markdown)
     print(f"median of {args.repeats} synced calls each")
 
 
