@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import opinfo_harness as h
 import torch_pjrt
-from conftest import TOLERANCES, make, run_python
+from conftest import TOLERANCES, make, run_json, run_python
 
 # Schema types of a float-carrying argument (Scalar prints as "number").
 FLOAT_TYPES = {"float", "Optional[float]", "number", "Optional[number]", "List[number]"}
@@ -809,3 +809,19 @@ def test_shape_deciding_floats_fresh_process():
     assert r.returncode == 0, r.stderr[-2000:]
     bad = json.loads(r.stdout.strip().splitlines()[-1])
     assert not bad, "\n".join(bad)
+
+
+def test_pow_square_special_case_is_not_reused_for_other_exponents():
+    # pow(t, 2.0) is computed as t * t; with the exponent a runtime input the
+    # program that served 2.0 must serve 0.5 too (it once returned t * t).
+    code = """
+import json, torch, torch_pjrt
+out = {}
+for dev in ("cpu", "tpu"):
+    x, t = torch.arange(1.0, 5, device=dev), torch.tensor(10.0, device=dev)
+    x.pow(3.0)
+    out[dev] = [t.pow(e).item() for e in (2.0, 0.5, 0.25, 2.0, -1.5)]
+print("RESULT " + json.dumps(out))
+"""
+    out = run_json(code)
+    assert out["tpu"] == pytest.approx(out["cpu"], rel=1e-6)

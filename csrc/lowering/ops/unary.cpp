@@ -254,9 +254,16 @@ std::vector<Value> pow(LoweringContext& ctx) {
   const Shape& shape = ctx.out().shape;
   Value base = operand_as(ctx, "self", dt, shape);
   const Arg& e = ctx.arg("exponent");
-  // Exact squares, as PyTorch special-cases them.
-  if (e.kind != Arg::Tensor && e.scalar.to_double() == 2.0) return {b.convert(b.binary("multiply", base, base), out)};
+  // Exact squares, as PyTorch special-cases them. A runtime exponent (one
+  // program for every value) chooses at run time; reading its value here
+  // would tie the program to it.
+  bool scalar_exponent = e.kind != Arg::Tensor;
+  if (scalar_exponent && !e.dynamic && ctx.scalar("exponent").to_double() == 2.0)
+    return {b.convert(b.binary("multiply", base, base), out)};
   Value exponent = operand_as(ctx, "exponent", dt, shape);
+  if (scalar_exponent && e.dynamic && is_float(dt))
+    return {b.convert(b.select(b.compare(Cmp::EQ, exponent, splat_like(b, 2.0, exponent)),
+                               b.binary("multiply", base, base), b.binary("power", base, exponent)), out)};
   // bool ** bool (the only pow with a bool result): x ** True = x, x ** False = True, as CPU.
   if (dt == DType::Bool) return {b.binary("or", base, b.unary("not", exponent))};
   if (is_integral(dt, /*include_bool=*/false)) {
