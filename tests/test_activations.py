@@ -112,3 +112,16 @@ def test_raises_like_cpu():
             fn(x.clone().requires_grad_())
         with pytest.raises(exc):
             fn(tpu(x).requires_grad_())
+
+
+def test_silu_backward_bfloat16_as_cpus_kernel(no_cpu_fallback):
+    # CPU's silu_backward computes in float32 and rounds once; the math
+    # decomposition (PrivateUse1's default) rounded every step to bfloat16.
+    x = torch.linspace(-6, 6, 241).to(torch.bfloat16)
+    g = torch.linspace(-1, 1, 241).to(torch.bfloat16)
+    expected = torch.ops.aten.silu_backward(g, x)
+    got = torch.ops.aten.silu_backward(tpu(g), tpu(x))
+    assert torch.equal(got.cpu(), expected)
+    # Second order stays PyTorch's formula.
+    xd = torch.randn(6, dtype=torch.float64, device="tpu", requires_grad=True)
+    assert torch.autograd.gradgradcheck(torch.nn.functional.silu, (xd,))

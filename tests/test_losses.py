@@ -269,3 +269,19 @@ def test_binary_cross_entropy_rejects_inputs_outside_0_1(bad):
         F.binary_cross_entropy(tpu(x), tpu(t)).item()
     ok = torch.tensor([0.0, 1.0, 0.25])
     assert_same(F.binary_cross_entropy(tpu(ok), tpu(t)), F.binary_cross_entropy(ok, t))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_nll_loss_with_a_uint8_target_and_its_gradient(reduction, no_cpu_fallback):
+    # CPU takes a Byte target as a Long one; PyTorch's Meta function for the
+    # backward did not (a scatter of uint8 indices).
+    x = make((10, 4), torch.float32)
+    t = torch.randint(0, 4, (10,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    res = []
+    for dev in ("cpu", "tpu"):
+        xd = x.to(dev).detach().clone().requires_grad_(True)
+        loss = F.nll_loss(F.log_softmax(xd, -1), t.to(dev), reduction=reduction)
+        loss.sum().backward()
+        res.append((loss.detach(), xd.grad))
+    assert_same(res[1][0], res[0][0])
+    assert_same(res[1][1], res[0][1])

@@ -443,6 +443,20 @@ void embedding_bag_backward_checked(const c10::OperatorHandle& op, torch::jit::S
   eager::lowering_fallback(op, stack);
 }
 
+// CPU's nll_loss takes a uint8 (Byte) target as well as a Long one;
+// PyTorch's Meta function for the backward (a scatter) takes Long only, so
+// the target is widened first.
+void nll_loss_backward_byte_target(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& sargs = op.schema().arguments();
+  size_t base = stack->size() - sargs.size();
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (sargs[i].name() == "target" && v.isTensor() && v.toTensor().scalar_type() == at::kByte)
+      v = v.toTensor().to(at::kLong);
+  }
+  eager::lowering_fallback(op, stack);
+}
+
 // addr on tpu is PyTorch's composite (math_addr), which skips the scalar
 // checks CPU's and CUDA's kernels make; they are made here first.
 void check_addr_scalars(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
@@ -528,6 +542,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   m.impl("addr", addr);
+  for (const char* op : {"nll_loss_backward", "nll_loss_backward.grad_input"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&nll_loss_backward_byte_target>());
   m.impl("_embedding_bag_backward", torch::CppFunction::makeFromBoxedFunction<&embedding_bag_backward_checked>());
   m.impl("addr.out", addr_out);
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());

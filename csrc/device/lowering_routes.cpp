@@ -2,7 +2,10 @@
 // kernel made of other ops) to the lowering registry when a lowering exists,
 // so that one registered lowering is all a new op needs. Ops with a
 // CompositeImplicitAutograd kernel are left alone: a backend kernel would
-// take their autograd formula away. Functional and in-place forms of
+// take their autograd formula away; unless PyTorch's own backends have a
+// kernel and the op its own autograd kernel (silu_backward: CPU computes it
+// in float32 for bfloat16, its math decomposition rounds every step).
+// Functional and in-place forms of
 // structured ops (CompositeExplicitAutogradNonFunctional: empty output + the
 // out= kernel) are routed too: that path's TensorIterator set-up, output
 // allocation and boxed out= call cost ~0.4 us per op, a third of a small
@@ -61,8 +64,10 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
     if (!handle) continue;
     bool structured = route_structured &&
                       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+    bool native_elsewhere = handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+                            handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd);
     if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) && !native_elsewhere) ||
         !(structured || handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)))
       continue;
     bool takes_device = false;
