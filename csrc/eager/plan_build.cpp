@@ -96,6 +96,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& foreach_ali
   static const std::vector<std::pair<std::string, std::vector<std::string>>> aliases = {
       {"scalar", {"other", "value", "min", "max"}},
       {"scalars", {"other", "value", "min", "max"}},
+      {"other", {"min", "max"}},  // _foreach_clamp_min/max.List: clamp_min/max.Tensor's bound
       {"tensors1", {"end"}},
       {"weights", {"weight"}},
   };

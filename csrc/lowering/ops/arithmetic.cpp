@@ -18,6 +18,19 @@ DType scalar_math_dtype(const LoweringContext& ctx, DType dt) {
 // add/sub: self + alpha * other, computed in the promoted dtype.
 std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   Builder& b = ctx.b;
+  if (std::string(hlo) == "subtract") {  // CPU's sub_check (a _foreach_sub over a large list is not probed on CPU)
+    auto is_bool = [&](const char* n) {
+      const Arg& a = ctx.arg(n);
+      return a.kind == Arg::Bool || (a.kind == Arg::Tensor && a.tensor.dtype() == DType::Bool);
+    };
+    bool sb = is_bool("self"), ob = is_bool("other");
+    if (sb && ob)
+      ctx.fail("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+               "`logical_xor()` operator instead.");
+    if (sb || ob)
+      ctx.fail("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
+               "invert a mask, use the `~` or `logical_not()` operator instead.");
+  }
   DType dt = compute_dtype(ctx, "self", "other");
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape);

@@ -254,16 +254,32 @@ std::vector<Value> pow(LoweringContext& ctx) {
   const Shape& shape = ctx.out().shape;
   Value base = operand_as(ctx, "self", dt, shape);
   const Arg& e = ctx.arg("exponent");
-  // Exact squares, as PyTorch special-cases them. A runtime exponent (one
-  // program for every value) chooses at run time; reading its value here
+  // CPU special-cases these scalar exponents of a float tensor (sqrt(-inf)
+  // is NaN where pow(-inf, 0.5) is inf; x * x is exact). A runtime exponent
+  // (one program for every value) chooses at run time; reading its value here
   // would tie the program to it.
   bool scalar_exponent = e.kind != Arg::Tensor;
-  if (scalar_exponent && !e.dynamic && ctx.scalar("exponent").to_double() == 2.0)
-    return {b.convert(b.binary("multiply", base, base), out)};
+  auto special = [&](const Value& x, double v) -> std::optional<Value> {
+    auto one = [&] { return splat_like(b, 1, x); };
+    if (v == 0) return one();
+    if (v == 1) return x;
+    if (v == 0.5) return b.unary("sqrt", x);
+    if (v == -0.5) return b.unary("rsqrt", x);
+    if (v == -1) return b.binary("divide", one(), x);
+    if (v == 2) return b.binary("multiply", x, x);
+    if (v == 3) return b.binary("multiply", b.binary("multiply", x, x), x);
+    if (v == -2) return b.binary("divide", one(), b.binary("multiply", x, x));
+    return std::nullopt;
+  };
+  if (scalar_exponent && is_float(dt) && !e.dynamic)
+    if (auto r = special(base, ctx.scalar("exponent").to_double())) return {b.convert(*r, out)};
   Value exponent = operand_as(ctx, "exponent", dt, shape);
-  if (scalar_exponent && e.dynamic && is_float(dt))
-    return {b.convert(b.select(b.compare(Cmp::EQ, exponent, splat_like(b, 2.0, exponent)),
-                               b.binary("multiply", base, base), b.binary("power", base, exponent)), out)};
+  if (scalar_exponent && is_float(dt) && e.dynamic) {
+    Value r = b.binary("power", base, exponent);
+    for (double v : {0.0, 1.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0})
+      r = b.select(b.compare(Cmp::EQ, exponent, splat_like(b, v, exponent)), *special(base, v), r);
+    return {b.convert(r, out)};
+  }
   // bool ** bool (the only pow with a bool result): x ** True = x, x ** False = True, as CPU.
   if (dt == DType::Bool) return {b.binary("or", base, b.unary("not", exponent))};
   if (is_integral(dt, /*include_bool=*/false)) {
