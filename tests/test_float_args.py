@@ -178,6 +178,7 @@ VALUES = {
     "lambd": (0.5, 1.25),  # (softshrink rejects a negative one)
     "histc.min": (-1.0, -0.25), "histc.max": (1.0, 0.5),  # (min < max: both valid)
     "bernoulli.p": (0.25, 0.75), "native_dropout.p": (0.25, 0.75), "pow.self": (0.5, 2.5),
+    "renorm.maxnorm": (0.5, 1.25),  # (renorm rejects a negative one)
 }
 
 
@@ -428,6 +429,9 @@ def hand_calls():
         Call("xlogy.Scalar_Self", dict(self=0.5, other=_pos((3, 4)))),
         Call("special_xlog1py.other_scalar", dict(self=x, other=0.5)),
         Call("special_xlog1py.self_scalar", dict(self=0.5, other=_pos((3, 4)))),
+        Call("special_zeta.other_scalar", dict(self=_pos((3, 4)) + 1, other=0.5)),
+        Call("special_zeta.self_scalar", dict(self=1.5, other=_pos((3, 4)))),
+        Call("renorm", dict(self=x, p=2.0, dim=0, maxnorm=0.5)),
         Call("copysign.Scalar", dict(self=x, other=0.5)),
         Call("searchsorted.Scalar", dict(sorted_sequence=torch.tensor([-2.0, 0.0, 1.0]), self=0.5)),
         Call("bucketize.Scalar", dict(self=0.5, boundaries=torch.tensor([-2.0, 0.0, 1.0]))),
