@@ -178,7 +178,7 @@ VALUES = {
     "lambd": (0.5, 1.25),  # (softshrink rejects a negative one)
     "histc.min": (-1.0, -0.25), "histc.max": (1.0, 0.5),  # (min < max: both valid)
     "bernoulli.p": (0.25, 0.75), "native_dropout.p": (0.25, 0.75), "pow.self": (0.5, 2.5),
-    "renorm.maxnorm": (0.5, 1.25),  # (renorm rejects a negative one)
+    "renorm.maxnorm": (0.5, 1.25), "exponential.lambd": (0.5, 4.0),  # (renorm rejects a negative one)
 }
 
 
@@ -516,6 +516,7 @@ def random_calls():
         Call("normal.float_float", dict(mean=0.5, std=1.0, size=[N_RANDOM], device=CPU)),
         Call("normal_", dict(self=torch.zeros(N_RANDOM), mean=0.5, std=1.0)),
         Call("uniform", dict(self=torch.zeros(N_RANDOM), **{"from": -1.0, "to": 1.0})),
+        Call("exponential", dict(self=torch.zeros(N_RANDOM), lambd=0.5)),
     ]
     for c in calls:
         c.where = "random"

@@ -3,6 +3,7 @@
 // compiled once and results follow torch.manual_seed.
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <utility>
 
 #include "lowering/ops/common.h"
@@ -91,6 +92,32 @@ std::vector<Value> uniform(LoweringContext& ctx) {
   // Rounding to a narrow output type may reach `to`; keep the interval half-open.
   Value top = b.splat(Scalar::from_float(to), r.type);
   return {b.select(b.compare(Cmp::GE, r, top), b.splat(Scalar::from_float(from), r.type), r)};
+}
+
+// exponential_(self, lambd): -log(u) / lambd for u uniform in (0, 1], as
+// CUDA's kernel: a u of 1 takes -eps/2 for its log, so no sample is 0 (the
+// Gumbel noise of gumbel_softmax, -log of these, stays finite).
+std::vector<Value> exponential(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  if (!is_float(out.dtype))
+    ctx.fail(std::string("Exponential distribution is a continuous probability distribution. dtype must be a "
+                         "floating point but you specified ") + dtype_name(out.dtype));
+  double lambd = ctx.to_double("lambd", 1.0);
+  if (!(lambd > 0)) {
+    std::ostringstream v;
+    v << lambd;
+    ctx.fail("exponential_ expects lambda > 0.0, but found lambda=" + v.str());
+  }
+  if (out.numel() == 0) return {b.zeros(out)};
+  // Work-type precision for half outputs too: 8 bits would cut bfloat16's tail at 5.5.
+  DType wt = work_type(out.dtype);
+  Value u = b.reshape(uniform01(ctx, out.numel(), wt), out.shape);
+  u = b.binary("subtract", splat_like(b, 1.0, u), u);  // (0, 1]
+  double half_eps = std::ldexp(1.0, -digits(wt));
+  Value log = b.select(b.compare(Cmp::GE, u, splat_like(b, 1.0 - half_eps, u)), splat_like(b, -half_eps, u),
+                       b.unary("log", u));
+  return {b.convert(b.binary("multiply", log, splat_like(b, -1.0 / lambd, log)), out.dtype)};
 }
 
 // Standard normal values by Box-Muller over two uniform draws.
@@ -241,6 +268,7 @@ TORCH_PJRT_LOWERING("uniform", uniform, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("multinomial", multinomial, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("normal", normal, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("bernoulli", bernoulli, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("exponential", exponential, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("random", random, /*needs_rng=*/true);
 
 }  // namespace torch_pjrt::lowering::ops
