@@ -9,14 +9,14 @@ from conftest import assert_same, make, tpu, run_python
 
 
 # Ops chosen because no lowering is planned for them (special functions).
-FALLBACK_OP = "aten::special_zeta.out"
+FALLBACK_OP = "aten::special_chebyshev_polynomial_t.out"
 
 
 def test_functional_op_runs_on_cpu_and_is_counted(metrics_delta):
     x, y = make((4, 5), low=1.5, high=3.0), make((4, 5), low=1.5, high=3.0)
-    out = torch.special.zeta(tpu(x), tpu(y))
+    out = torch.special.chebyshev_polynomial_t(tpu(x), tpu(y))
     assert out.device.type == "tpu"
-    assert_same(out, torch.special.zeta(x, y))
+    assert_same(out, torch.special.chebyshev_polynomial_t(x, y))
     assert metrics_delta()["cpu_fallbacks"] == {FALLBACK_OP: 1}
 
 
@@ -24,13 +24,13 @@ def test_warns_once_per_op():
     x = tpu(make((3,), low=1.5, high=3.0))
     with warnings.catch_warnings(record=True) as first:
         warnings.simplefilter("always")
-        torch.special.zeta(x, x + 1)  # may be the first use in this process
-        torch.special.zeta(x, x + 2)
+        torch.special.chebyshev_polynomial_t(x, x + 1)  # may be the first use in this process
+        torch.special.chebyshev_polynomial_t(x, x + 2)
     with warnings.catch_warnings(record=True) as later:
         warnings.simplefilter("always")
-        torch.special.zeta(x, x + 3)
-    assert len([w for w in first if "special_zeta" in str(w.message)]) <= 1
-    assert not [w for w in later if "special_zeta" in str(w.message)]
+        torch.special.chebyshev_polynomial_t(x, x + 3)
+    assert len([w for w in first if "special_chebyshev_polynomial_t" in str(w.message)]) <= 1
+    assert not [w for w in later if "special_chebyshev_polynomial_t" in str(w.message)]
 
 
 def test_inplace_and_out_variants_write_to_tpu(metrics_delta):
@@ -61,7 +61,7 @@ def test_supported_ops_lists_lowerings_not_fallbacks():
     import torch_pjrt
     ops = set(torch_pjrt.supported_ops())
     assert {"add", "mm", "sum"} <= ops
-    assert "special_zeta" not in ops and "i0" not in ops
+    assert "special_chebyshev_polynomial_t" not in ops and "i0" not in ops
 
 
 def test_fallback_error_mode_raises_not_implemented():
@@ -70,18 +70,18 @@ def test_fallback_error_mode_raises_not_implemented():
         "x = torch.ones(3, device='tpu')\n"
         "print((x + 1).cpu().tolist())\n"  # lowered ops still work
         "try:\n"
-        "    torch.special.zeta(x, x)\n"
+        "    torch.special.chebyshev_polynomial_t(x, x)\n"
         "except NotImplementedError as e:\n"
         "    print('NIE', e)\n",
         TORCH_PJRT_FALLBACK="error")
     assert r.returncode == 0, r.stderr
     assert "[2.0, 2.0, 2.0]" in r.stdout
-    assert "NIE" in r.stdout and "aten::special_zeta" in r.stdout and "TORCH_PJRT_FALLBACK=error" in r.stdout
+    assert "NIE" in r.stdout and "aten::special_chebyshev_polynomial_t" in r.stdout and "TORCH_PJRT_FALLBACK=error" in r.stdout
 
 
 def test_bad_fallback_mode_is_rejected():
     r = run_python("import torch, torch_pjrt\nx = torch.ones(3, device='tpu')\n"
-                   "torch.special.zeta(x, x)\n", TORCH_PJRT_FALLBACK="sometimes")
+                   "torch.special.chebyshev_polynomial_t(x, x)\n", TORCH_PJRT_FALLBACK="sometimes")
     assert r.returncode != 0 and "TORCH_PJRT_FALLBACK must be 'cpu' or 'error'" in r.stderr
 
 

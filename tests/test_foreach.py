@@ -104,3 +104,27 @@ def test_norm_as_cpu(no_cpu_fallback):
         cpu, dev = both(lambda a: torch._foreach_norm(a, ord), xs)
         for c, d in zip(cpu, dev):
             assert_same(d, c)
+
+
+@pytest.mark.parametrize("numel", [10, 5000])
+def test_cpus_dtype_errors_at_any_size(numel):
+    # Calls above the CPU probe's size get the checks from the lowerings.
+    ints = [tpu(torch.ones(numel, dtype=torch.long)) for _ in range(2)]
+    with pytest.raises(NotImplementedError, match="\"lerp_kernel_tensor\" not implemented for 'Long'"):
+        torch._foreach_lerp(ints, ints, ints)
+    with pytest.raises(RuntimeError, match="Expected a floating point or complex tensor as input. Got Long"):
+        torch._foreach_norm(ints, 2, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="\"addcmul_cpu_out\" not implemented for 'Bool'"):
+        b = [tpu(torch.ones(numel, dtype=torch.bool))]
+        torch._foreach_addcmul(b, b, b)
+
+
+def test_scalar_lists_with_bools(no_cpu_fallback):
+    xs = lists(5)
+    for scalars in ([True, False, True], [True, 2, 0.5]):
+        for name in ("add", "mul", "sub" if False else "div"):
+            cpu, dev = both(lambda a, s: getattr(torch, f"_foreach_{name}")(a, s), xs, scalars)
+            for c, d in zip(cpu, dev):
+                assert_same(d, c)
+    with pytest.raises(TypeError, match="complex scalars are not supported"):
+        torch._foreach_add([tpu(t) for t in xs], [1, 2j, 3.5])

@@ -39,7 +39,9 @@ std::string tpu_name(int index) { return "tpu:" + std::to_string(index); }
 bool is_scalar_list(const c10::IValue& v) {
   if (!v.isList()) return false;
   auto ref = v.toListRef();
-  return !ref.empty() && (ref[0].isDouble() || ref[0].isInt() || is_uint64_scalar(ref[0])) && !v.isIntList();
+  return !ref.empty() && !v.isIntList() && !v.isBoolList() &&
+         (ref[0].isDouble() || ref[0].isInt() || ref[0].isBool() || ref[0].isComplexDouble() ||
+          is_uint64_scalar(ref[0]));
 }
 
 namespace {
@@ -158,7 +160,9 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
         if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
         else if (e.isDouble()) { double d = e.toDouble(); inst.put_raw(&d, sizeof(d)); }
         else if (is_uint64_scalar(e)) { inst.put('u'); inst.put(static_cast<int64_t>(e.toUInt())); }
-        else inst.put(e.toInt());
+        else if (e.isBool()) { inst.put('b'); inst.put(static_cast<int64_t>(e.toBool())); }
+        else if (e.isInt()) inst.put(e.toInt());
+        else TORCH_CHECK_TYPE(false, "torch_pjrt: complex scalars are not supported (", schema.name(), ")");
       }
     } else if (v.isString()) {
       inst.put('s');

@@ -316,6 +316,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     } else if (is_uint64_scalar(v)) {
       a->kind = Arg::Int;
       a->scalar = lowering::Scalar::from_uint(v.toUInt());
+    } else if (v.isBool()) {  // (an element of a Scalar[]: [True, 2, 0.5])
+      a->kind = Arg::Bool;
+      a->scalar = lowering::Scalar::from_bool(v.toBool());
     } else {
       a->kind = Arg::Int;
       a->scalar = lowering::Scalar::from_int(v.toInt());
@@ -396,6 +399,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       for (const auto& e : v.toListRef()) {
         a.floats.push_back(e.isDouble()            ? e.toDouble()
                            : is_uint64_scalar(e) ? static_cast<double>(e.toUInt())
+                           : e.isBool()          ? static_cast<double>(e.toBool())
                                                  : static_cast<double>(e.toInt()));
         Arg ea;
         ea.name = a.name;

@@ -123,6 +123,10 @@ struct LoweringContext {
   // What PyTorch's CPU kernel has no implementation of (e.g. a dtype): raised
   // as NotImplementedError, as CPU does, rather than RuntimeError.
   [[noreturn]] void not_implemented(const std::string& why) const;
+  // CPU's dispatch error for a dtype its kernel lacks: "kernel" not implemented for 'Long'.
+  [[noreturn]] void kernel_not_implemented(const std::string& kernel, DType t) const {
+    not_implemented("\"" + kernel + "\" not implemented for '" + scalar_type_name(t) + "'");
+  }
   // An index or indexing argument CPU rejects with IndexError (raised as such).
   [[noreturn]] void index_error(const std::string& why) const;
 };

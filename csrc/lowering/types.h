@@ -12,6 +12,7 @@ enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U
 
 const char* mlir_name(DType t);  // "f32", "i1", "ui8", ...
 const char* dtype_name(DType t);  // "float32", "bool", ... (for messages)
+const char* scalar_type_name(DType t);  // PyTorch's ScalarType names: "Float", "Long", ... (CPU's messages)
 int64_t itemsize(DType t);
 inline bool is_float(DType t) {
   return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;

@@ -29,7 +29,7 @@ Pair operands(LoweringContext& ctx, const char* second = "other") {
 // CPU's kernels of these ops dispatch on float dtypes only.
 void floats_only(LoweringContext& ctx, const char* kernel) {
   DType t = ctx.out().dtype;
-  if (!is_float(t)) ctx.not_implemented(std::string("\"") + kernel + "\" not implemented for '" + dtype_name(t) + "'");
+  if (!is_float(t)) ctx.kernel_not_implemented(kernel, t);
 }
 
 Value is_nan(Builder& b, const Value& x) { return b.compare(Cmp::NE, x, x); }

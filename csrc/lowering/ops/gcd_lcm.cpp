@@ -12,8 +12,7 @@ std::vector<Value> gcd_lcm(LoweringContext& ctx, bool lcm) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   if (!is_integral(out.dtype, false))
-    ctx.not_implemented(std::string("\"") + (lcm ? "lcm_cpu" : "gcd_cpu") + "\" not implemented for '" +
-                        dtype_name(out.dtype) + "'");
+    ctx.kernel_not_implemented(lcm ? "lcm_cpu" : "gcd_cpu", out.dtype);
   if (out.numel() == 0) return {b.zeros(out)};
   Value a = operand_as(ctx, "self", out.dtype, out.shape), c = operand_as(ctx, "other", out.dtype, out.shape);
   if (!is_unsigned(out.dtype)) {

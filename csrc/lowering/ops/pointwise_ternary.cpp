@@ -13,11 +13,19 @@ std::vector<Value> addc(LoweringContext& ctx, const char* hlo) {
   DType out = ctx.out().dtype;
   DType dt = math_dtype(out);
   const Shape& shape = ctx.out().shape;
+  // CPU's kernel errors (its probe does not run on large _foreach_ lists).
+  bool div = std::string(hlo) == "divide";
+  if (dt == DType::Bool)
+    ctx.kernel_not_implemented(div ? "addcdiv_cpu_out" : "addcmul_cpu_out", dt);
+  if (div && is_integral(ctx.tensor("tensor1").dtype(), true) && is_integral(ctx.tensor("tensor2").dtype(), true))
+    ctx.fail("Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform a "
+             "true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + "
+             "value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * "
+             "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
+             "(input + value * tensor1 / tensor2), for all dtypes.");
   Value self = operand_as(ctx, "self", dt, shape);
   Value t1 = operand_as(ctx, "tensor1", dt, shape), t2 = operand_as(ctx, "tensor2", dt, shape);
   Value v = operand_as(ctx, "value", dt, shape);
-  if (dt == DType::Bool)  // addcmul on bool: or / and, as PyTorch's bool arithmetic
-    return {b.binary("or", self, b.binary("and", b.binary("and", v, t1), t2))};
   // (A bool factor keeps nan * False = nan: Builder::convert's barrier.)
   Value m = b.binary("multiply", v, t1);
   Value r = b.binary("add", self, b.binary(hlo, m, t2));
@@ -29,6 +37,8 @@ std::vector<Value> addc(LoweringContext& ctx, const char* hlo) {
 std::vector<Value> lerp(LoweringContext& ctx) {
   Builder& b = ctx.b;
   DType out = ctx.out().dtype;
+  if (!is_float(out) && !is_complex(out))
+    ctx.kernel_not_implemented(ctx.arg("weight").kind == Arg::Tensor ? "lerp_kernel_tensor" : "lerp_kernel_scalar", out);
   DType dt = math_dtype(out);
   const Shape& shape = ctx.out().shape;
   Value self = operand_as(ctx, "self", dt, shape), end = operand_as(ctx, "end", dt, shape);

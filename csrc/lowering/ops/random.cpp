@@ -73,7 +73,7 @@ std::vector<Value> uniform(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   // PyTorch checks these in the device kernel, after its Meta kernel.
   if (!is_float(out.dtype))
-    ctx.not_implemented(std::string("\"check_uniform_bounds\" not implemented for '") + dtype_name(out.dtype) + "'");
+    ctx.kernel_not_implemented("check_uniform_bounds", out.dtype);
   double from = ctx.to_double("from", 0.0), to = ctx.to_double("to", 1.0);
   check_bound(ctx, from, "from", out.dtype);
   check_bound(ctx, to, "to", out.dtype);

@@ -217,6 +217,10 @@ Value finite_p_norm(Builder& b, const Value& a, const std::vector<int64_t>& dims
 
 std::vector<Value> vector_norm(LoweringContext& ctx) {
   Builder& b = ctx.b;
+  DType in = ctx.tensor("self").dtype();
+  if (!is_float(in) && !is_complex(in))  // (CPU's check; large _foreach_norm lists are not probed)
+    ctx.fail(std::string("linalg.vector_norm: Expected a floating point or complex tensor as input. Got ") +
+             scalar_type_name(in));
   DType acc = acc_dtype(ctx.out().dtype);
   Value x = b.convert(ctx.tensor("self"), acc);
   auto dims = reduced_dims(ctx, x);

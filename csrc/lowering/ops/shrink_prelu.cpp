@@ -16,7 +16,7 @@ struct In {
 
 In inputs(LoweringContext& ctx, const char* kernel) {
   DType out = ctx.out().dtype;
-  if (!is_float(out)) ctx.not_implemented(std::string("\"") + kernel + "\" not implemented for '" + dtype_name(out) + "'");
+  if (!is_float(out)) ctx.kernel_not_implemented(kernel, out);
   return {ctx, out, math_dtype(out)};
 }
 

@@ -154,7 +154,7 @@ std::vector<Value> polygamma(LoweringContext& ctx) {
 // frac = x - trunc(x), float dtypes only (CPU has no integer kernel).
 std::vector<Value> frac(LoweringContext& ctx) {
   DType t = ctx.tensor("self").dtype();
-  if (!is_float(t)) ctx.not_implemented(std::string("\"frac_cpu\" not implemented for '") + dtype_name(t) + "'");
+  if (!is_float(t)) ctx.kernel_not_implemented("frac_cpu", t);
   return float_unary(ctx, [](Builder& b, const Value& v) {
     Value t = b.select(b.compare(Cmp::LT, v, splat_like(b, 0, v)), b.unary("ceil", v), b.unary("floor", v));
     return b.binary("subtract", v, t);
