@@ -9,15 +9,11 @@ on the device; before it, every call went through the CPU fallback.
 
     python benchmarks/embedding_bag.py [--repeats 10] [--markdown]
 """
-import argparse
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
-from table import print_table
+from bench import compare, parse_args, print_table
 
 # (rows, dim, bags, indices per bag, mode)
 CASES = [(100_000, 64, 2048, 20, "sum"), (100_000, 64, 2048, 20, "mean"), (100_000, 64, 2048, 20, "max"),
@@ -32,17 +28,8 @@ def call(weight, idx, off, mode, backward):
     return out.sum().item()
 
 
-def timed(*args):
-    t0 = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - t0
-
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--markdown", action="store_true")
-    args = p.parse_args()
+    args = parse_args(__doc__)
     rows = []
     for words, dim, bags, per_bag, mode in CASES:
         g = torch.Generator().manual_seed(words + dim)
@@ -54,14 +41,9 @@ def main():
             w_tpu = weight.to("tpu").requires_grad_(backward)
             on_tpu = (w_tpu, idx.to("tpu"), off.to("tpu"), mode, backward)
             on_cpu = (w_cpu, idx, off, mode, backward)
-            first = timed(*on_tpu)
-            cpu, dev = [], []
-            for _ in range(args.repeats):
-                cpu.append(timed(*on_cpu))
-                dev.append(timed(*on_tpu))
-            c, d = statistics.median(cpu) * 1e3, statistics.median(dev) * 1e3
+            first, d, c = compare(lambda: call(*on_tpu), lambda: call(*on_cpu), args.repeats)
             what = f"{mode} {bags}x{per_bag} of {words}x{dim}" + (" fwd+bwd" if backward else " fwd")
-            rows.append((what, first * 1e3, d, c, f"{c / d:.2f}x"))
+            rows.append((what, first, d, c, f"{c / d:.2f}x"))
     print_table(("case", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "cpu / tpu"), rows,
                 ("", ".0f", ".2f", ".2f", ""), args.markdown)
     print(f"float32, median of {args.repeats} synced calls each")

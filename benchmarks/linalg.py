@@ -9,14 +9,10 @@ passes over the whole matrix), so the ratio falls with n.
 
     python benchmarks/linalg.py [--sizes 8,32,128,256] [--batch 16] [--repeats 20] [--markdown]
 """
-import argparse
-import statistics
-import time
-
 import torch
 
 import torch_pjrt  # noqa: F401
-from table import print_table
+from bench import compare, parse_args, print_table
 
 OPS = {
     "solve": lambda a, b: torch.linalg.solve(a, b),
@@ -25,19 +21,9 @@ OPS = {
 }
 
 
-def timed(fn, a, b):
-    t0 = time.perf_counter()
-    fn(a, b).sum().item()
-    return time.perf_counter() - t0
-
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="8,32,128,256")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--markdown", action="store_true")
-    args = p.parse_args()
+    args = parse_args(__doc__, repeats=20, extra=[("--sizes", dict(default="8,32,128,256")),
+                                                  ("--batch", dict(type=int, default=16))])
     rows = []
     for n in [int(s) for s in args.sizes.split(",")]:
         g = torch.Generator().manual_seed(n)
@@ -45,15 +31,10 @@ def main():
         b = torch.randn(args.batch, n, 4, generator=g)
         at, bt = a.to("tpu"), b.to("tpu")
         for name, fn in OPS.items():
-            first = timed(fn, at, bt)
-            cpu, dev = [], []
-            for _ in range(args.repeats):  # alternating, so both see the same machine
-                cpu.append(timed(fn, a, b))
-                dev.append(timed(fn, at, bt))
+            first, d, c = compare(lambda: fn(at, bt).sum().item(), lambda: fn(a, b).sum().item(), args.repeats)
             ref = fn(a, b)
             err = ((fn(at, bt).cpu() - ref).norm() / ref.norm()).item()  # relative, norm-wise
-            c, d = statistics.median(cpu) * 1e3, statistics.median(dev) * 1e3
-            rows.append((name, n, first * 1e3, d, c, c / d, err))
+            rows.append((name, n, first, d, c, c / d, err))
     head = ("op", "n", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "cpu / tpu", "rel. diff (norm)")
     rows = [(r[0], r[1], r[2], r[3], r[4], f"{r[5]:.2f}x", r[6]) for r in rows]
     print_table(head, rows, ("", "d", ".1f", ".3f", ".3f", "", ".1e"), args.markdown)

@@ -8,15 +8,11 @@ its compile time does not grow with the window.
 
     python benchmarks/pooling.py [--repeats 10] [--markdown]
 """
-import argparse
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
-from table import print_table
+from bench import compare, parse_args, print_table
 
 CASES = [
     ("max_pool2d 3x3 s2 p1 (ResNet stem), 8x64x112x112", lambda x: F.max_pool2d(x, 3, 2, 1), (8, 64, 112, 112)),
@@ -25,28 +21,14 @@ CASES = [
 ]
 
 
-def timed(fn, x):
-    t0 = time.perf_counter()
-    fn(x).sum().item()
-    return time.perf_counter() - t0
-
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--markdown", action="store_true")
-    args = p.parse_args()
+    args = parse_args(__doc__)
     rows = []
     for name, fn, shape in CASES:
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
         xt = x.to("tpu")
-        first = timed(fn, xt)
-        cpu, dev = [], []
-        for _ in range(args.repeats):
-            cpu.append(timed(fn, x))
-            dev.append(timed(fn, xt))
-        same = torch.equal(fn(xt).cpu(), fn(x))
-        rows.append((name, first * 1e3, statistics.median(dev) * 1e3, statistics.median(cpu) * 1e3, same))
+        first, d, c = compare(lambda: fn(xt).sum().item(), lambda: fn(x).sum().item(), args.repeats)
+        rows.append((name, first, d, c, torch.equal(fn(xt).cpu(), fn(x))))
     head = ("case", "tpu first call (ms)", "tpu warm (ms)", "cpu (ms)", "same values")
     print_table(head, rows, ("", ".0f", ".2f", ".2f", ""), args.markdown)
     print(f"median of {args.repeats} synced calls each")
