@@ -358,3 +358,11 @@ def test_exponential_errors_and_gumbel_softmax(no_cpu_fallback):
         torch.empty(3, device="tpu", dtype=torch.long).exponential_()
     y = torch.nn.functional.gumbel_softmax(torch.randn(64, 10, device="tpu"), tau=0.5, hard=True)
     assert torch.equal(y.sum(-1).cpu(), torch.ones(64))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.bool])
+def test_randn_of_an_integer_dtype_as_cpu(dtype):
+    # CPU: an empty result is returned, a non-empty one raises NotImplementedError.
+    assert torch.randn(0, dtype=dtype, device="tpu").shape == (0,)
+    with pytest.raises(NotImplementedError, match="normal_kernel_cpu"):
+        torch.randn(3, dtype=dtype, device="tpu")

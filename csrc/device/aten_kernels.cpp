@@ -457,6 +457,23 @@ void nll_loss_backward_byte_target(const c10::OperatorHandle& op, torch::jit::St
   eager::lowering_fallback(op, stack);
 }
 
+// normal_ of an integer or bool tensor: CPU's kernel dispatch fails with
+// NotImplementedError after returning an empty tensor untouched; PyTorch's
+// Meta function (run before any lowering) raises a RuntimeError instead.
+// (torch.randn(..., dtype=torch.int64) is empty + normal_.)
+void normal_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const at::Tensor& self = (*stack)[stack->size() - op.schema().arguments().size()].toTensor();
+  if (!at::isFloatingType(self.scalar_type()) && !at::isComplexType(self.scalar_type())) {
+    TORCH_CHECK_NOT_IMPLEMENTED(self.numel() == 0, "\"normal_kernel_cpu\" not implemented for '",
+                                c10::toString(self.scalar_type()), "'");
+    at::Tensor same = self;
+    torch::jit::drop(*stack, op.schema().arguments().size());
+    torch::jit::push(*stack, same);
+    return;
+  }
+  eager::lowering_fallback(op, stack);
+}
+
 // addr on tpu is PyTorch's composite (math_addr), which skips the scalar
 // checks CPU's and CUDA's kernels make; they are made here first.
 void check_addr_scalars(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
@@ -542,6 +559,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   m.impl("addr", addr);
+  m.impl("normal_", torch::CppFunction::makeFromBoxedFunction<&normal_checked>());
   for (const char* op : {"nll_loss_backward", "nll_loss_backward.grad_input"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&nll_loss_backward_byte_target>());
   m.impl("_embedding_bag_backward", torch::CppFunction::makeFromBoxedFunction<&embedding_bag_backward_checked>());
