@@ -125,3 +125,13 @@ def test_silu_backward_bfloat16_as_cpus_kernel(no_cpu_fallback):
     # Second order stays PyTorch's formula.
     xd = torch.randn(6, dtype=torch.float64, device="tpu", requires_grad=True)
     assert torch.autograd.gradgradcheck(torch.nn.functional.silu, (xd,))
+
+
+def test_mish_backward_bfloat16_as_cpus_kernel(no_cpu_fallback):
+    x = torch.linspace(-6, 6, 241).to(torch.bfloat16)
+    g = torch.linspace(-1, 1, 241).to(torch.bfloat16)
+    expected = torch.ops.aten.mish_backward(g, x)
+    got = torch.ops.aten.mish_backward(tpu(g), tpu(x))
+    assert_same(got, expected, rtol=0, atol=2 ** -8 * 2)  # within an ulp of CPU's (float32, rounded once)
+    xd = torch.randn(6, dtype=torch.float64, device="tpu", requires_grad=True)
+    assert torch.autograd.gradgradcheck(torch.nn.functional.mish, (xd,))

@@ -3,8 +3,9 @@
 // so that one registered lowering is all a new op needs. Ops with a
 // CompositeImplicitAutograd kernel are left alone: a backend kernel would
 // take their autograd formula away; unless PyTorch's own backends have a
-// kernel and the op its own autograd kernel (silu_backward: CPU computes it
-// in float32 for bfloat16, its math decomposition rounds every step).
+// kernel and the op its own autograd kernel (silu_backward, mish_backward:
+// CPU computes them in float32 for bfloat16, their math decompositions round
+// every step).
 // Functional and in-place forms of
 // structured ops (CompositeExplicitAutogradNonFunctional: empty output + the
 // out= kernel) are routed too: that path's TensorIterator set-up, output
@@ -64,11 +65,11 @@ std::vector<std::string> route_composite_ops_to_lowerings() {
     if (!handle) continue;
     bool structured = route_structured &&
                       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-    bool native_elsewhere = handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+    bool implicit = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    bool native_elsewhere = implicit && handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
                             handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd);
-    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) && !native_elsewhere) ||
-        !(structured || handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)))
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) || (implicit && !native_elsewhere) ||
+        !(native_elsewhere || structured || handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)))
       continue;
     bool takes_device = false;
     for (const auto& a : handle->schema().arguments()) takes_device |= a.name() == "device";

@@ -72,6 +72,21 @@ std::vector<Value> silu_backward(LoweringContext& ctx) {
   });
 }
 
+// mish_backward(grad_output, self) = grad * (t + x * s * (1 - t^2)),
+// t = tanh(softplus(x)), s = sigmoid(x), as CPU's kernel (float32 for half
+// types). (Eager reaches it through lowering_routes.cpp; PyTorch has no Meta
+// kernel for it, device/meta_kernels.cpp adds one.)
+std::vector<Value> mish_backward(LoweringContext& ctx) {
+  return grad_unary(ctx, "self", [](Builder& b, const Value& g, const Value& x) {
+    Value one = splat_like(b, 1, x);
+    Value s = b.unary("logistic", x);
+    Value t = b.unary("tanh", b.unary("log_plus_one", b.unary("exponential", x)));
+    Value d = b.binary("add", t, b.binary("multiply", b.binary("multiply", x, s),
+                                          b.binary("subtract", one, b.binary("multiply", t, t))));
+    return b.binary("multiply", g, d);
+  });
+}
+
 // sigmoid_backward(grad_output, output) = grad * (1 - y) * y.
 std::vector<Value> sigmoid_backward(LoweringContext& ctx) {
   return grad_unary(ctx, "output", [](Builder& b, const Value& g, const Value& y) {
@@ -91,6 +106,7 @@ std::vector<Value> tanh_backward(LoweringContext& ctx) {
 TORCH_PJRT_LOWERING("threshold_backward", threshold_backward);
 TORCH_PJRT_LOWERING("gelu_backward", gelu_backward);
 TORCH_PJRT_LOWERING("silu_backward", silu_backward);
+TORCH_PJRT_LOWERING("mish_backward", mish_backward);
 TORCH_PJRT_LOWERING("sigmoid_backward", sigmoid_backward);
 TORCH_PJRT_LOWERING("tanh_backward", tanh_backward);
 
