@@ -671,3 +671,23 @@ def test_grouped_mm_float32_compiles_and_matches_cpu():
     assert_same(out, expected)
     with pytest.raises(RuntimeError, match="contraction dimension"):  # the Meta kernel's other checks stay
         torch.compile(f, backend="tpu", fullgraph=True)(tpu(a), tpu(make((4, 6, 12))), tpu(offs))
+
+
+def test_tensor_constants_are_program_inputs_not_graph_cuts():
+    # torch.tensor(...) inside a compiled function is a graph constant (a
+    # get_attr node): it becomes an input of the one program instead of
+    # cutting the graph into pieces around it.
+    def f(x):
+        on_device = torch.tensor([2.0, 3.0], device=x.device)
+        on_cpu = torch.tensor([1.5, -2.0, 3.0])
+        return (x * on_device).sum(0) + on_cpu.to(x.device)[:2]
+
+    x = torch.randn(4, 2)
+    before = torch_pjrt.metrics()
+    cf = torch.compile(f, backend="tpu", fullgraph=True)
+    for scale in (1.0, 2.0):
+        assert_same(cf(tpu(x * scale)), f(x * scale))
+    after = torch_pjrt.metrics()
+    assert after["partitioned_graphs"] == before["partitioned_graphs"]
+    assert after["eager_graph_fallbacks"] == before["eager_graph_fallbacks"]
+    assert after["compiled_graph_runs"] - before["compiled_graph_runs"] == 2

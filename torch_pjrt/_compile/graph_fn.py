@@ -69,6 +69,35 @@ def _unpack(outs, host_values, inputs, entry):
     return entry[1]
 
 
+def _lift_tensor_constants(gm):
+    """Tensor constants of the graph (`torch.tensor([0, 2])` inside a compiled
+    function becomes a get_attr of `_tensor_constant0`) turned into extra
+    inputs after the graph's own: the program reads them like any input (CPU
+    ones are packed into its CPU transfer), instead of the graph being cut
+    around them. Returns the tensors, to be appended to every call's inputs."""
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr"
+             and isinstance(getattr(gm, n.target, None), torch.Tensor)]
+    if not attrs:
+        return []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = []
+    anchor = placeholders[-1] if placeholders else None
+    for n in attrs:
+        if anchor is None:
+            with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
+                p = gm.graph.placeholder(f"{n.name}_lifted")
+        else:
+            with gm.graph.inserting_after(anchor):
+                p = gm.graph.placeholder(f"{n.name}_lifted")
+        anchor = p
+        p.meta.update(n.meta)
+        n.replace_all_uses_with(p)
+        gm.graph.erase_node(n)
+        constants.append(getattr(gm, n.target))
+    gm.recompile()
+    return constants
+
+
 class CompiledGraphFn:
     def __init__(self, gm, name, after_recompile=False, is_piece=False):
         # AOTAutograd passes one list, which we clear. (An instance attribute:
@@ -80,12 +109,14 @@ class CompiledGraphFn:
         self.is_piece = is_piece  # a piece of a partitioned graph: not partitioned again
         self.entries = {}  # signature -> [(C.CompiledGraph, Lowered)], or [None]: run eagerly
         self.last_signature = None
+        self.constants = _lift_tensor_constants(gm)
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
     def __call__(self, *args):
         # Boxed (one list, which we clear to free inputs early) or, when a
         # wrapper dropped the _boxed_call mark, positional.
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        args.extend(self.constants)
         if capture.active() is not None:
             return self._capture(args)
         sig = _signature(args)
