@@ -248,3 +248,13 @@ def test_fused_sdpa_does_not_wait_for_the_device(metrics_delta):
     for _ in range(3):
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert metrics_delta()["host_waits"] == waits
+
+
+def test_fused_backward_with_an_undefined_output_gradient():
+    # gradcheck's undefined-grad check (PyTorch's Transformer module tests): no
+    # gradients, as CPU's math attention gives, not an error.
+    q, k, v = (torch.randn(2, 2, 4, 8, dtype=torch.float64, device="tpu", requires_grad=True) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    undefined = torch._C._functions.UndefinedGrad()(out)
+    grads = torch.autograd.grad(undefined, (q, k, v), torch.ones_like(out), allow_unused=True)
+    assert all(g is None for g in grads)

@@ -227,3 +227,22 @@ def test_move_while_an_autograd_graph_holds_the_weights():
     torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
     out.sum().backward()
     assert m[0].weight.grad.device.type == "tpu"
+
+
+def test_lazy_modules_moved_before_their_first_forward():
+    # The swap on conversion turned an UninitializedParameter into an empty
+    # plain Parameter, which LazyConv then took for its weight.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3), torch.nn.LazyBatchNorm2d(), torch.nn.Flatten(),
+                              torch.nn.LazyLinear(5))
+    dev = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3), torch.nn.LazyBatchNorm2d(), torch.nn.Flatten(),
+                              torch.nn.LazyLinear(5)).to("tpu")
+    assert isinstance(dev[0].weight, torch.nn.parameter.UninitializedParameter)
+    assert dev[0].weight.device.type == "tpu"
+    x = torch.randn(2, 3, 8, 8)
+    cpu(x)
+    dev(x.to("tpu"))
+    dev.load_state_dict(cpu.state_dict())
+    cpu.eval()
+    dev.eval()
+    torch.testing.assert_close(dev(x.to("tpu")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)

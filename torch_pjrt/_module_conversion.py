@@ -89,6 +89,30 @@ def _retie(slots):
             first[id(old)] = m._parameters[name]
 
 
+def _lazy_slots(module):
+    """(module, slot dict, name, requires_grad, class) of every lazy module's
+    uninitialized parameter or buffer (LazyLinear, LazyConv2d before their
+    first forward)."""
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+    out = []
+    for m in module.modules():
+        for slots in (m._parameters, m._buffers):
+            for name, t in slots.items():
+                if isinstance(t, (UninitializedParameter, UninitializedBuffer)):
+                    out.append((m, slots, name, t.requires_grad, type(t)))
+    return out
+
+
+def _keep_lazy(lazy):
+    # A swap (or PyTorch's new-Parameter path) turns an uninitialized
+    # parameter into an empty plain one, which the lazy module then takes for
+    # its weight: put an uninitialized one back, on the converted device and dtype.
+    for m, slots, name, requires_grad, cls in lazy:
+        t = slots.get(name)
+        if t is not None and not isinstance(t, cls):
+            slots[name] = cls(requires_grad=requires_grad, device=t.device, dtype=t.dtype)
+
+
 def _wrap_apply(orig):
     @functools.wraps(orig)
     def _apply(self, fn, recurse=True):
@@ -98,6 +122,7 @@ def _wrap_apply(orig):
         involves = target or _holds_tpu(self)
         swap = involves and _swappable(self)
         slots = _parameter_slots(self) if involves else None
+        lazy = _lazy_slots(self) if involves else ()
         _tls.depth = 1
         _tls.swap = swap
         try:
@@ -117,6 +142,7 @@ def _wrap_apply(orig):
             _tls.swap = False
         if slots is not None:
             _retie(slots)
+        _keep_lazy(lazy)
         return out
     return _apply
 

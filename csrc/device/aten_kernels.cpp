@@ -474,6 +474,19 @@ void normal_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   eager::lowering_fallback(op, stack);
 }
 
+// The fused attention's backward with an undefined output gradient (the
+// output unused, or gradcheck's undefined-grad check): no gradients, as
+// PyTorch's math attention gives, rather than a lowering of a missing tensor.
+void attention_backward_undefined_grad(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  if ((*stack)[stack->size() - n].isTensor() && (*stack)[stack->size() - n].toTensor().defined()) {
+    eager::lowering_fallback(op, stack);
+    return;
+  }
+  torch::jit::drop(*stack, n);
+  for (size_t i = 0; i < op.schema().returns().size(); ++i) torch::jit::push(*stack, at::Tensor());
+}
+
 // addr on tpu is PyTorch's composite (math_addr), which skips the scalar
 // checks CPU's and CUDA's kernels make; they are made here first.
 void check_addr_scalars(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
@@ -559,6 +572,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc_checked>());
   m.impl("addr", addr);
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+         torch::CppFunction::makeFromBoxedFunction<&attention_backward_undefined_grad>());
   m.impl("normal_", torch::CppFunction::makeFromBoxedFunction<&normal_checked>());
   for (const char* op : {"nll_loss_backward", "nll_loss_backward.grad_input"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&nll_loss_backward_byte_target>());
