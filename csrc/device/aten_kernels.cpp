@@ -401,22 +401,27 @@ void histc_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   eager::lowering_fallback(op, stack);
 }
 
+// The boxed call's argument named `name` on the stack, or nullptr.
+c10::IValue* stack_arg(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* name) {
+  const auto& sargs = op.schema().arguments();
+  size_t base = stack->size() - sargs.size();
+  for (size_t i = 0; i < sargs.size(); ++i)
+    if (sargs[i].name() == name) return &(*stack)[base + i];
+  return nullptr;
+}
+
 // The *_ex linear-algebra ops with check_errors=True raise at the call on
 // CPU, with a message that names the failing order and batch element. The
 // lowering's in-program check (kept for compiled graphs) can do neither, so
 // eager runs the op without it, reads `info` and raises as CPU does.
 void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& sargs = op.schema().arguments();
-  size_t n = sargs.size(), base = stack->size() - n;
-  size_t flag = n;
-  for (size_t i = 0; i < n; ++i)
-    if (sargs[i].name() == "check_errors") flag = i;
-  if (flag == n || !(*stack)[base + flag].toBool()) {
+  c10::IValue* flag = stack_arg(op, stack, "check_errors");
+  if (!flag || !flag->toBool()) {
     eager::lowering_fallback(op, stack);
     return;
   }
-  bool is_matrix = (*stack)[base].toTensor().dim() == 2;
-  (*stack)[base + flag] = false;
+  bool is_matrix = (*stack)[stack->size() - op.schema().arguments().size()].toTensor().dim() == 2;
+  *flag = false;
   eager::lowering_fallback(op, stack);
   const auto& rets = op.schema().returns();
   const std::string& name = op.schema().name();
@@ -433,13 +438,11 @@ void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 // has not; PyTorch's Meta kernel for it (run before any lowering) fails on
 // nonzero with an unrelated message, so the refusal comes first.
 void embedding_bag_backward_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& sargs = op.schema().arguments();
-  size_t base = stack->size() - sargs.size();
-  for (size_t i = 0; i < sargs.size(); ++i)
-    TORCH_CHECK_NOT_IMPLEMENTED(sargs[i].name() != "sparse" || !(*stack)[base + i].toBool(),
-                                "torch_pjrt: sparse tensors are not supported on device tpu: "
-                                "nn.EmbeddingBag(sparse=True) makes one for the weight's gradient; use "
-                                "sparse=False (a dense gradient) on tpu.");
+  c10::IValue* sparse = stack_arg(op, stack, "sparse");
+  TORCH_CHECK_NOT_IMPLEMENTED(!sparse || !sparse->toBool(),
+                              "torch_pjrt: sparse tensors are not supported on device tpu: "
+                              "nn.EmbeddingBag(sparse=True) makes one for the weight's gradient; use "
+                              "sparse=False (a dense gradient) on tpu.");
   eager::lowering_fallback(op, stack);
 }
 
@@ -447,13 +450,9 @@ void embedding_bag_backward_checked(const c10::OperatorHandle& op, torch::jit::S
 // PyTorch's Meta function for the backward (a scatter) takes Long only, so
 // the target is widened first.
 void nll_loss_backward_byte_target(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& sargs = op.schema().arguments();
-  size_t base = stack->size() - sargs.size();
-  for (size_t i = 0; i < sargs.size(); ++i) {
-    c10::IValue& v = (*stack)[base + i];
-    if (sargs[i].name() == "target" && v.isTensor() && v.toTensor().scalar_type() == at::kByte)
-      v = v.toTensor().to(at::kLong);
-  }
+  c10::IValue* target = stack_arg(op, stack, "target");
+  if (target && target->isTensor() && target->toTensor().scalar_type() == at::kByte)
+    *target = target->toTensor().to(at::kLong);
   eager::lowering_fallback(op, stack);
 }
 

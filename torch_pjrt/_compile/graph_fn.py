@@ -83,12 +83,11 @@ def _lift_tensor_constants(gm):
     constants = []
     anchor = placeholders[-1] if placeholders else None
     for n in attrs:
-        if anchor is None:
-            with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
-                p = gm.graph.placeholder(f"{n.name}_lifted")
-        else:
-            with gm.graph.inserting_after(anchor):
-                p = gm.graph.placeholder(f"{n.name}_lifted")
+        # New placeholders go after the graph's own (before everything when it has none).
+        where = gm.graph.inserting_after(anchor) if anchor is not None else \
+            gm.graph.inserting_before(next(iter(gm.graph.nodes)))
+        with where:
+            p = gm.graph.placeholder(f"{n.name}_lifted")
         anchor = p
         p.meta.update(n.meta)
         n.replace_all_uses_with(p)

@@ -40,5 +40,7 @@ std::pair<Value, Value> sort_with_indices(Builder& b, const Value& x, int64_t di
 // log-step scan cumsum/cumprod use; `identity` pads the front.
 using Combine = std::function<Value(Builder&, const Value&, const Value&)>;
 Value inclusive_scan(Builder& b, const Value& x, int64_t dim, double identity, const Combine& combine);
+// Inclusive running sum along dim (offsets, compaction places).
+Value prefix_sum(Builder& b, const Value& x, int64_t dim);
 
 }  // namespace torch_pjrt::lowering::ops

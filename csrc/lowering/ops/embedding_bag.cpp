@@ -28,8 +28,6 @@ Value full_i64(Builder& b, int64_t v, const Shape& shape) {
   return b.splat(Scalar::from_int(v), TensorType{DType::I64, shape});
 }
 
-Value add_i64(Builder& b, const Value& x, const Value& y) { return b.binary("add", x, y); }
-
 // Element i of a 1-d `x` for each i in `at` (same shape as `at`).
 Value take(Builder& b, const Value& x, const Value& at) {
   Shape s = at.shape();
@@ -41,7 +39,7 @@ Value take(Builder& b, const Value& x, const Value& at) {
 Value offset_to_bag(Builder& b, const Value& offsets, int64_t bags, int64_t n) {
   Value starts = b.slice(offsets, {0}, {bags});
   Value marks = scatter_add_rows(b, full_i64(b, 0, {n + 1}), starts, full_i64(b, 1, {bags}));
-  Value count = inclusive_scan(b, marks, 0, 0.0, add_i64);
+  Value count = prefix_sum(b, marks, 0);
   return b.binary("subtract", b.slice(count, {0}, {n}), full_i64(b, 1, {n}));
 }
 
@@ -53,6 +51,14 @@ Value bag_sizes(Builder& b, const Value& offsets, int64_t bags, int64_t n, const
   Value ends = b.concatenate({b.slice(offsets, {1}, {bags}), full_i64(b, n, {1})}, 0);
   Value pads = scatter_add_rows(b, full_i64(b, 0, {bags}), bag, b.convert(b.unary("not", keep), DType::I64));
   return b.binary("subtract", b.binary("subtract", ends, starts), pads);
+}
+
+// (rows[b, d], d) index pairs [bags, D, 2]: one element per column of the
+// given rows (max mode's winners).
+Value row_column_pairs(Builder& b, const Value& rows) {
+  int64_t bags = rows.shape()[0], d = rows.shape()[1];
+  Value cols = b.iota({DType::I64, rows.shape()}, 1);
+  return b.concatenate({b.reshape(rows, {bags, d, 1}), b.reshape(cols, {bags, d, 1})}, 2);
 }
 
 Value rows_where(Builder& b, const Value& keep, const Value& rows) {
@@ -90,8 +96,7 @@ std::pair<Value, Value> bag_max(Builder& b, const Value& rows, const Value& idx,
   win = b.select(nan_first, b.broadcast_in_dim(first, bd, {0}), win);
   Value found = b.compare(Cmp::LT, win, full_i64(b, n, bd));
   win = b.select(found, win, full_i64(b, 0, bd));
-  Value at = b.concatenate({b.reshape(win, {bags, d, 1}), b.reshape(b.iota({DType::I64, bd}, 1), {bags, d, 1})}, 2);
-  Value values = b.select(found, b.gather_elements(rows, at), b.zeros({rows.dtype(), bd}));
+  Value values = b.select(found, b.gather_elements(rows, row_column_pairs(b, win)), b.zeros({rows.dtype(), bd}));
   Value words = b.select(found, take(b, idx, win), full_i64(b, 0, bd));
   return {values, words};
 }
@@ -182,7 +187,7 @@ Value cpu_frequency(Builder& b, const Value& idx, int64_t words) {
   int64_t n = idx.shape()[0];
   Value counts = scatter_add_rows(b, full_i64(b, 0, {words}), idx, full_i64(b, 1, {n}));
   Value present = b.convert(b.compare(Cmp::GT, counts, full_i64(b, 0, {words})), DType::I64);
-  Value before = b.binary("subtract", inclusive_scan(b, present, 0, 0.0, add_i64), present);
+  Value before = b.binary("subtract", prefix_sum(b, present, 0), present);
   Value group = take(b, before, idx);
   Value sorted = sort_with_indices(b, idx, 0, false).first;
   return take(b, counts, take(b, sorted, group));
@@ -208,9 +213,8 @@ std::vector<Value> embedding_bag_backward(LoweringContext& ctx) {
     Value rows = b.convert(ctx.tensor("maximum_indices"), DType::I64);
     Value sizes = b.convert(ctx.tensor("bag_size"), DType::I64);
     Value nonempty = b.compare(Cmp::NE, b.slice(sizes, {0}, {bags}), full_i64(b, 0, {bags}));
-    Shape bd{bags, d};
-    Value at = b.concatenate({b.reshape(rows, {bags, d, 1}), b.reshape(b.iota({DType::I64, bd}, 1), {bags, d, 1})}, 2);
-    return {b.convert(b.scatter_elements(zero, at, rows_where(b, nonempty, grad), "stablehlo.add"), out.dtype)};
+    return {b.convert(b.scatter_elements(zero, row_column_pairs(b, rows), rows_where(b, nonempty, grad), "stablehlo.add"),
+                      out.dtype)};
   }
   if (n == 0 || bags == 0) return {b.zeros(out)};
   Value bag = b.convert(ctx.tensor("offset2bag"), DType::I64);

@@ -29,6 +29,10 @@ Value inclusive_scan(Builder& b, const Value& x, int64_t dim, double identity, c
   return acc;
 }
 
+Value prefix_sum(Builder& b, const Value& x, int64_t dim) {
+  return inclusive_scan(b, x, dim, 0.0, [](Builder& b, const Value& u, const Value& v) { return b.binary("add", u, v); });
+}
+
 namespace {
 
 // Converts self to the result dtype (dtype= or int -> int64 from Meta), scans

@@ -97,8 +97,7 @@ std::vector<Value> channel_shuffle(LoweringContext& ctx) {
 Value compact_rows(Builder& b, const Value& keep, const Value& values, int64_t n, const Value& fill) {
   int64_t m = values.shape()[0], k = values.shape()[1];
   TensorType it{DType::I64, {m}};
-  Value place = inclusive_scan(b, b.convert(keep, DType::I64), 0, 0.0,
-                               [](Builder& b, const Value& x, const Value& y) { return b.binary("add", x, y); });
+  Value place = prefix_sum(b, b.convert(keep, DType::I64), 0);
   place = b.select(keep, b.binary("subtract", place, b.splat(Scalar::from_int(1), it)), b.splat(Scalar::from_int(n), it));
   Value target = b.broadcast_to(b.reshape(fill, {}), {n, k});
   return b.op_multi("stablehlo.scatter", {target, b.reshape(place, {m, 1}), values}, {target.type},
