@@ -314,3 +314,65 @@ def test_max_unpool3d_and_a_bad_index(no_cpu_fallback):
     assert_same(F.max_unpool3d(tpu(o), tpu(i), 2, 2), F.max_unpool3d(o, i, 2, 2))
     with pytest.raises(RuntimeError, match="invalid max index"):
         F.max_unpool2d(tpu(torch.ones(1, 1, 2, 2)), tpu(torch.tensor([[[[0, 1], [2, 99]]]])), 2).cpu()
+
+
+CL = torch.channels_last
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("conv2d", lambda x, w: F.conv2d(x, w, padding=1)),
+    ("conv_transpose2d", lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1).contiguous())),
+    ("reflection_pad2d", lambda x, w: F.pad(x, (1, 2, 1, 2), mode="reflect")),
+    ("replication_pad2d", lambda x, w: F.pad(x, (1, 2, 1, 2), mode="replicate")),
+])
+@pytest.mark.parametrize("layout", ["input", "weight", "neither"])
+def test_channels_last_kept_as_cpu_keeps_it(name, fn, layout):
+    # CPU's kernels give channels_last results for a channels_last input (and,
+    # for convolution, a channels_last weight); the Meta path was contiguous.
+    x = torch.randn(2, 3, 6, 6)
+    w = torch.randn(4, 3, 3, 3)
+    if layout == "input":
+        x = x.contiguous(memory_format=CL)
+    if layout == "weight":
+        w = w.contiguous(memory_format=CL)
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    expected, actual = fn(xc, w), fn(xt, tpu(w))
+    assert actual.stride() == expected.stride()
+    assert_same(actual, expected)
+    g = torch.randn_like(expected)
+    expected.backward(g)
+    actual.backward(tpu(g))
+    assert_same(xt.grad, xc.grad)
+
+
+def test_channels_last_backward_ops_follow_cpu():
+    x = torch.randn(2, 3, 6, 6).contiguous(memory_format=CL)
+    w = torch.randn(4, 3, 3, 3)
+    go = torch.randn(2, 4, 4, 4)
+    args = ([4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    want = torch.ops.aten.convolution_backward(go, x, w, *args)
+    got = torch.ops.aten.convolution_backward(tpu(go), tpu(x), tpu(w), *args)
+    assert [t.stride() for t in got] == [t.stride() for t in want]
+    assert_same(got, want)
+    g = torch.randn(2, 3, 8, 8)
+    for op in (torch.ops.aten.reflection_pad2d_backward, torch.ops.aten.replication_pad2d_backward):
+        want, got = op(g, x, [1, 1, 1, 1]), op(tpu(g), tpu(x), [1, 1, 1, 1])
+        assert got.stride() == want.stride()
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("x_shape,w_shape,groups", [
+    ((1, 2, 3, 4, 4), (3, 2, 2, 2, 2), 1),   # float32: CPU's slow_conv3d, contiguous
+    ((2, 2, 3, 4, 4), (3, 2, 2, 2, 2), 1),   # float32: mkldnn, channels_last_3d
+    ((1, 2, 3, 8, 8), (4, 2, 3, 4, 4), 1),   # large kernel: mkldnn
+    ((1, 2, 3, 4, 4), (4, 1, 2, 2, 2), 2),   # groups: mkldnn
+])
+def test_channels_last_3d_follows_cpus_backend_choice(dtype, x_shape, w_shape, groups):
+    # CPU keeps channels_last_3d only where it picks mkldnn (never in float64).
+    x = torch.randn(x_shape, dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(w_shape, dtype=dtype)
+    want = F.conv3d(x, w, groups=groups)
+    got = F.conv3d(tpu(x), tpu(w), groups=groups)
+    assert got.stride() == want.stride()
+    assert_same(got, want)

@@ -76,6 +76,11 @@ struct Plan {
 // (only recorded when `dry`).
 torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                            OpInstance& inst, std::vector<Resize>* resizes, bool dry = false);
+// Fresh Meta results restrided to the memory format CPU's kernel gives them
+// where the Meta kernel does not (channels_last through convolution and the
+// reflection/replication pads; output_layout.cpp).
+void keep_cpu_memory_format(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                            torch::jit::Stack& meta_returns);
 // The program (text, not compiled) of one op instance; `dynamic_floats`:
 // float arguments are runtime inputs.
 std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,

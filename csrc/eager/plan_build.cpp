@@ -154,6 +154,7 @@ torch::jit::Stack run_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&meta_stack);
   }
+  keep_cpu_memory_format(op, args, meta_stack);
   for (size_t i = 0; i < sargs.size(); ++i) {
     if (!is_write(sargs[i]) || !meta_args[i].isTensor()) continue;
     int s = -1;

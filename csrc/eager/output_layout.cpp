@@ -1,0 +1,91 @@
+// Output memory formats that CPU's kernels give and the Meta kernels do not.
+// The eager plan lays a fresh result out with the strides of its Meta
+// result; for these ops the C++ Meta path (convolution's `_convolution`
+// falls to an empty contiguous tensor; the padding ops' Meta kernels) is
+// contiguous where CPU's kernel keeps channels_last.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <string>
+
+#include "eager/plan.h"
+
+namespace torch_pjrt::eager {
+namespace {
+
+c10::MemoryFormat format_of(const c10::IValue& v) {
+  if (!v.isTensor()) return c10::MemoryFormat::Contiguous;
+  const at::Tensor& t = v.toTensor();
+  return t.defined() ? t.suggest_memory_format() : c10::MemoryFormat::Contiguous;
+}
+
+bool channels_last(c10::MemoryFormat f) {
+  return f == c10::MemoryFormat::ChannelsLast || f == c10::MemoryFormat::ChannelsLast3d;
+}
+
+bool any_not_one(const c10::IValue& v) {
+  if (!v.isIntList()) return false;
+  for (int64_t x : v.toIntVector())
+    if (x != 1) return true;
+  return false;
+}
+
+// Whether CPU runs this 3-d convolution on mkldnn (which keeps
+// channels_last_3d) rather than slow_conv3d (always contiguous): PyTorch's
+// use_mkldnn heuristic, for float32 (bf16/f16 always, float64 never).
+bool cpu_conv3d_on_mkldnn(const at::Tensor& input, const at::Tensor& weight, const c10::IValue& stride,
+                          const c10::IValue& dilation, int64_t groups) {
+  if (input.scalar_type() == at::kDouble) return false;
+  if (input.scalar_type() != at::kFloat) return true;
+  int64_t n = input.size(0), kw = weight.size(-1), kh = weight.size(-2);
+  bool fast = any_not_one(stride) || any_not_one(dilation) || n >= 16 || kw != 1 || kh != 1 ||
+              at::get_num_threads() > 1;
+  return fast && (groups > 1 || (kw > 3 && kh > 3) || n > 1 ||
+                  n * input.size(1) * input.size(2) * input.size(3) > 20480);
+}
+
+// Which format CPU gives this op's fresh results (Contiguous: leave them).
+c10::MemoryFormat cpu_format(const std::string& name, c10::ArrayRef<c10::IValue> args) {
+  if (name == "aten::convolution" || name == "aten::_convolution" || name == "aten::convolution_backward") {
+    // channels_last when the input or the weight is (convolution_backward:
+    // grad_output, input, weight, bias_sizes, stride, padding, dilation, ...;
+    // the forms: input, weight, bias, stride, padding, dilation, transposed,
+    // output_padding, groups).
+    size_t input = name == "aten::convolution_backward" ? 1 : 0;
+    if (args.size() < input + 9 || !args[input].isTensor() || !args[input + 1].isTensor())
+      return c10::MemoryFormat::Contiguous;
+    c10::MemoryFormat a = format_of(args[input]), w = format_of(args[input + 1]);
+    c10::MemoryFormat f = channels_last(a) ? a : channels_last(w) ? w : c10::MemoryFormat::Contiguous;
+    if (f == c10::MemoryFormat::ChannelsLast3d &&
+        !cpu_conv3d_on_mkldnn(args[input].toTensor(), args[input + 1].toTensor(), args[input + 3],
+                              args[input + 5], args[input + 8].isInt() ? args[input + 8].toInt() : 1))
+      return c10::MemoryFormat::Contiguous;
+    return f;
+  }
+  static const char* pads[] = {"aten::reflection_pad2d", "aten::reflection_pad3d", "aten::replication_pad2d",
+                               "aten::replication_pad3d"};
+  for (const char* p : pads) {
+    std::string s(p);
+    if (name == s && !args.empty()) return format_of(args[0]);
+    // The backward forms take (grad_output, self, padding): self's format.
+    if (name == s + "_backward" && args.size() > 1) return format_of(args[1]);
+  }
+  return c10::MemoryFormat::Contiguous;
+}
+
+}  // namespace
+
+void keep_cpu_memory_format(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                            torch::jit::Stack& meta_returns) {
+  if (!op.schema().overload_name().empty() && op.schema().overload_name() != "default") return;  // out= forms
+  c10::MemoryFormat f = cpu_format(op.schema().name(), args);
+  if (!channels_last(f)) return;
+  int64_t dim = f == c10::MemoryFormat::ChannelsLast ? 4 : 5;
+  for (auto& v : meta_returns) {
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().dim() != dim) continue;
+    const at::Tensor& m = v.toTensor();
+    v = at::empty(m.sizes(), m.options().memory_format(f));
+  }
+}
+
+}  // namespace torch_pjrt::eager
