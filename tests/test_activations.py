@@ -135,3 +135,18 @@ def test_mish_backward_bfloat16_as_cpus_kernel(no_cpu_fallback):
     assert_same(got, expected, rtol=0, atol=2 ** -8 * 2)  # within an ulp of CPU's (float32, rounded once)
     xd = torch.randn(6, dtype=torch.float64, device="tpu", requires_grad=True)
     assert torch.autograd.gradgradcheck(torch.nn.functional.mish, (xd,))
+
+
+def test_threshold_inplace_on_an_expanded_tensor_as_cpu():
+    # Every copy of an element computes the same value from the same input,
+    # so CPU allows it (PyTorch's test_threshold_inplace_overlap); other
+    # in-place ops on expanded tensors raise as on CPU.
+    base = torch.randn(1, 6)
+    x, xt = base.clone().expand(6, 6), base.to("tpu").expand(6, 6)
+    F.threshold_(x, 0.5, 0.5)
+    F.threshold_(xt, 0.5, 0.5)
+    F.threshold(x, 0.2, -1.0, inplace=True)
+    F.threshold(xt, 0.2, -1.0, inplace=True)
+    assert torch.equal(xt.cpu(), x)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.relu_(xt)

@@ -431,9 +431,10 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     DType dt = device::to_dtype(s.tensor.scalar_type());
     res = b.convert(res, dt);
     if (res.shape() != s.tensor.sizes().vec()) res = b.broadcast_to(res, s.tensor.sizes().vec());
-    // (fill_ and zero_ write one value everywhere: CPU allows them on
-    // expanded views, and duplicate positions then agree.)
-    if (base != "fill" && base != "zero") at::assert_no_internal_overlap(s.tensor);
+    // (fill_ and zero_ write one value everywhere, threshold_ a value of
+    // each element's own input: CPU allows them on expanded views, and
+    // duplicate positions then agree.)
+    if (base != "fill" && base != "zero" && base != "threshold") at::assert_no_internal_overlap(s.tensor);
     StorageBuffer* sb = inst.storages[s.storage];
     StridedView view = view_of(s.tensor);
     if (s.tensor.numel() == 0) return;
