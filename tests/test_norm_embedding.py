@@ -259,13 +259,27 @@ def test_native_dropout_direct():
     out, mask = torch.ops.aten.native_dropout(tpu(x), 0.4, True)
     assert mask.dtype == torch.bool and out.dtype == torch.float32
     out, mask = out.cpu(), mask.cpu()
-    assert torch.equal(out, torch.where(mask, x * (1 / 0.6), torch.zeros(())))
+    assert torch.equal(out, x * mask * (1 / 0.6))
     grad = torch.ops.aten.native_dropout_backward(tpu(x), tpu(mask), 1 / 0.6)
     assert_same(grad, torch.ops.aten.native_dropout_backward(x, mask, 1 / 0.6))
     # train=False: the input and an all-true mask, as on CPU.
     out, mask = torch.ops.aten.native_dropout(tpu(x), 0.4, False)
     assert_same(out, x, rtol=0, atol=0)
     assert mask.cpu().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_nan_and_inf_nan_where_dropped(dtype):
+    # CPU computes input * mask * scale: a dropped NaN or inf is NaN, not 0
+    # (PyTorch's SDPA tests: softmax over a fully masked row, then dropout).
+    x = torch.full((64,), float("nan"), dtype=dtype)
+    x[32:] = float("inf")
+    out, mask = torch.ops.aten.native_dropout(tpu(x), 0.5, True)
+    out, mask = out.cpu(), mask.cpu()
+    assert not mask.all() and mask.any()
+    assert torch.isnan(out[:32]).all()
+    assert torch.isnan(out[32:][~mask[32:]]).all() and torch.isinf(out[32:][mask[32:]]).all()
+    assert torch.isnan(F.dropout(torch.softmax(tpu(torch.full((1, 16), float("-inf"))), -1), 0.5)).all()
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0])

@@ -33,8 +33,11 @@ std::vector<Value> native_dropout(LoweringContext& ctx) {
   DType dt = math_dtype(out.dtype);
   Value x = b.convert(input, dt);
   double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
-  Value scaled = b.binary("multiply", x, b.splat(Scalar::from_float(scale), x.type));
-  return {b.convert(b.select(keep, scaled, b.zeros(x.type)), out.dtype), keep};
+  // input * mask * scale, as CPU's kernel: a dropped NaN or inf stays NaN
+  // (a select would give 0).
+  Value masked = b.binary("multiply", x, b.convert(keep, dt));
+  Value scaled = b.binary("multiply", masked, b.splat(Scalar::from_float(scale), x.type));
+  return {b.convert(scaled, out.dtype), keep};
 }
 
 // native_dropout_backward(grad_output, mask, scale) = grad_output * mask * scale.
