@@ -297,3 +297,11 @@ def test_sparse_gradients_raise_a_clear_not_implemented_error():
     dense = torch.nn.Embedding(10, 3).to("tpu")  # the dense gradient works
     dense(torch.tensor([7, 1, 3], device="tpu")).sum().backward()
     assert dense.weight.grad.cpu()[7].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_legacy_save_format_raises_a_clear_error():
+    # torch.save's pre-zip format reads storages through at::from_blob over
+    # their address, which on tpu names no memory: a clear error, not a
+    # crash or a read of garbage.
+    with pytest.raises(RuntimeError, match="_use_new_zipfile_serialization=False"):
+        torch.save(tpu(torch.arange(4.0)), io.BytesIO(), _use_new_zipfile_serialization=False)

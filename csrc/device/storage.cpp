@@ -16,7 +16,8 @@ namespace torch_pjrt::device {
 namespace {
 
 // Fake addresses: unique, aligned, never reused, never dereferenced.
-std::atomic<uint64_t> g_next_address{0x100000000000ull};
+constexpr uint64_t kFirstAddress = 0x100000000000ull;
+std::atomic<uint64_t> g_next_address{kFirstAddress};
 
 void delete_storage(void* ctx) {
   auto* sb = static_cast<StorageBuffer*>(ctx);
@@ -137,9 +138,15 @@ c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
 
 StorageBuffer& storage_of(const c10::Storage& s) {
   void* ctx = s.data_ptr().get_context();
-  TORCH_CHECK(ctx && s.data_ptr().get_deleter() == &delete_storage,
-              "torch_pjrt: tensor storage was not allocated by the tpu allocator");
-  return *static_cast<StorageBuffer*>(ctx);
+  if (ctx && s.data_ptr().get_deleter() == &delete_storage) return *static_cast<StorageBuffer*>(ctx);
+  // A tensor made by at::from_blob over a tpu storage's (fake) address, as
+  // torch.save's legacy format does: the address names no memory to read.
+  auto addr = reinterpret_cast<uint64_t>(s.data_ptr().get());
+  TORCH_CHECK(!(addr >= kFirstAddress && addr < g_next_address.load()),
+              "torch_pjrt: a tensor made from the address of a tpu storage (from_blob, or torch.save with "
+              "_use_new_zipfile_serialization=False) has no memory behind it on tpu: save in the default "
+              "zip format, or move the tensors to the CPU first");
+  TORCH_CHECK(false, "torch_pjrt: tensor storage was not allocated by the tpu allocator");
 }
 
 StorageBuffer& storage_of(const at::Tensor& t) { return storage_of(t.storage()); }
