@@ -226,7 +226,7 @@ std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
   DeviceLock lock;
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : tensors) {
-    if (!t.defined() || t.device().type() != kTpu) {
+    if (!t.defined() || t.device().type() != kTpu || t.is_nested()) {  // nested: nested.cpp
       out.push_back(t.defined() ? t.cpu() : t);
       continue;
     }

@@ -10,4 +10,8 @@ namespace torch_pjrt::device {
 // that has a lowering. Idempotent; returns the op names it routed.
 std::vector<std::string> route_composite_ops_to_lowerings();
 
+// Registers the nested-tensor CPU fallback (nested.cpp) as the
+// NestedTensorPrivateUse1 kernel of every op with a NestedTensorCPU kernel.
+void route_nested_ops_to_cpu();
+
 }  // namespace torch_pjrt::device

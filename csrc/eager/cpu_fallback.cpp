@@ -70,9 +70,8 @@ void check_fallback_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   });
 }
 
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  FlushReason reason("cpu_fallback");  // its inputs' host copies run a fused trace that owes them
-  check_fallback_devices(op, torch::jit::last(*stack, op.schema().arguments().size()));
+void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  check_fallback_devices(op, args);
   std::string name = op_display_name(op.schema());
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,
                               " has no lowering for device tpu (plugin '", runtime::Runtime::get().info().name,
@@ -87,6 +86,11 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu; it runs on the CPU "
                "(inputs copied to the host and results back). Counted in "
                "torch_pjrt.metrics()['cpu_fallbacks'].");
+}
+
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  FlushReason reason("cpu_fallback");  // its inputs' host copies run a fused trace that owes them
+  enter_cpu_fallback(op, torch::jit::last(*stack, op.schema().arguments().size()));
   SerialCpuOffHome serial;
   // A written argument with a lazy conj/neg bit (ops that handle conj views
   // themselves get them) would not receive the write-back through PyTorch's

@@ -9,6 +9,11 @@ namespace torch_pjrt::eager {
 // TORCH_PJRT_FALLBACK=error. (Counts: executor.h cpu_fallback_counts.)
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// What run_on_cpu does before running: the device check, the
+// TORCH_PJRT_FALLBACK=error refusal, the count and the first-time warning
+// (for fallbacks that copy arguments themselves: device/nested.cpp).
+void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
 // Raises PyTorch's device-mismatch error when an argument of `op` is not on
 // the device of its tpu arguments: any it writes (out=, in-place self), and
 // any it reads but a 0-d CPU tensor (a scalar) or a packed sequence's host

@@ -56,6 +56,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     runtime::Runtime::initialize(path, name, cpu_devices);
     runtime::ProgramCache::get();  // a bad TORCH_PJRT_EXECUTABLE_CACHE_* setting fails the import, not an op
     device::route_composite_ops_to_lowerings();
+    device::route_nested_ops_to_cpu();
     eager::note_home_thread();  // CPU ops of ours elsewhere run serially (cpu_threads.h)
     // torch.autocast("tpu") without a dtype: bfloat16, what TPUs compute in
     // (PyTorch's default for PrivateUse1 is float16). The setting is
