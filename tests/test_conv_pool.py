@@ -376,3 +376,22 @@ def test_channels_last_3d_follows_cpus_backend_choice(dtype, x_shape, w_shape, g
     got = F.conv3d(tpu(x), tpu(w), groups=groups)
     assert got.stride() == want.stride()
     assert_same(got, want)
+
+
+@pytest.mark.parametrize("shape,k", [((6, 5, 6, 7), 2), ((6, 14, 12, 13), (5, 6, 7))])
+def test_unbatched_channels_last_3d_max_pool3d_as_cpu(shape, k):
+    # CPU's kernel treats an unbatched (C, D, H, W) input as a batch of one:
+    # its results (and the gradient) are channels_last_3d when that batch is.
+    x = torch.randn((1, *shape)).contiguous(memory_format=torch.channels_last_3d)[0]
+    xc, xt = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    (out_c, ind_c), (out_t, ind_t) = F.max_pool3d(xc, k, return_indices=True), F.max_pool3d(xt, k, return_indices=True)
+    assert (out_t.stride(), ind_t.stride()) == (out_c.stride(), ind_c.stride())
+    assert_same(out_t, out_c)
+    assert torch.equal(ind_t.cpu(), ind_c)
+    g = torch.randn_like(out_c)
+    want = torch.ops.aten.max_pool3d_with_indices_backward(g, x, [*(k if isinstance(k, tuple) else (k,) * 3)],
+                                                           [], [0] * 3, [1] * 3, False, ind_c)
+    got = torch.ops.aten.max_pool3d_with_indices_backward(tpu(g), tpu(x), [*(k if isinstance(k, tuple) else (k,) * 3)],
+                                                          [], [0] * 3, [1] * 3, False, ind_t)
+    assert got.stride() == want.stride()
+    assert_same(got, want)

@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "eager/plan.h"
 
@@ -73,11 +75,34 @@ c10::MemoryFormat cpu_format(const std::string& name, c10::ArrayRef<c10::IValue>
   return c10::MemoryFormat::Contiguous;
 }
 
+// CPU's max_pool3d kernels treat an unbatched (C, D, H, W) input as a batch
+// of one: channels_last_3d when that batch of one is.
+bool unbatched_channels_last_3d(const std::string& name, c10::ArrayRef<c10::IValue> args) {
+  size_t input = name == "aten::max_pool3d_with_indices" ? 0 : name == "aten::max_pool3d_with_indices_backward" ? 1 : 9;
+  if (input >= args.size() || !args[input].isTensor()) return false;
+  const at::Tensor& t = args[input].toTensor();
+  if (!t.defined() || t.dim() != 4) return false;
+  std::vector<int64_t> sizes{1}, strides{std::max<int64_t>(t.numel(), 1)};
+  for (int64_t d = 0; d < 4; ++d) {
+    sizes.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+  return c10::is_channels_last_strides_3d(sizes, strides);
+}
+
 }  // namespace
 
 void keep_cpu_memory_format(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                             torch::jit::Stack& meta_returns) {
   if (!op.schema().overload_name().empty() && op.schema().overload_name() != "default") return;  // out= forms
+  if (unbatched_channels_last_3d(op.schema().name(), args)) {
+    for (auto& v : meta_returns) {
+      if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().dim() != 4) continue;
+      const at::Tensor& m = v.toTensor();
+      v = at::empty(m.unsqueeze(0).sizes(), m.options().memory_format(c10::MemoryFormat::ChannelsLast3d)).squeeze(0);
+    }
+    return;
+  }
   c10::MemoryFormat f = cpu_format(op.schema().name(), args);
   if (!channels_last(f)) return;
   int64_t dim = f == c10::MemoryFormat::ChannelsLast ? 4 : 5;
