@@ -336,3 +336,16 @@ def test_addr_scalar_arguments_checked_as_cpu(dtype, fused):
                 "Boolean beta only supported for Boolean results.", "Boolean alpha only supported for Boolean results.",
                 "For integral input tensors, argument beta must not be a floating point number.",
                 "For integral input tensors, argument alpha must not be a floating point number."}, str(err)
+
+
+@pytest.mark.parametrize("op,grad_shape,input_shape,dim", [
+    (torch.ops.aten._adaptive_avg_pool2d_backward, (1, 64, 0, 0), (1, 64, 4, 4), 2),
+    (torch.ops.aten._adaptive_avg_pool3d_backward, (1, 0, 0, 0), (1, 4, 4, 4), 1),
+])
+def test_backward_op_refused_by_meta_gets_cpus_message(op, grad_shape, input_shape, dim):
+    # PyTorch's Python Meta kernel words it differently (a run of spaces, a
+    # torch.Size); PyTorch's test_adaptive_pooling_empty_output_size matches CPU's.
+    want = rf"grad_output has sizes \[{', '.join(map(str, grad_shape))}\] with dimension {dim} being empty"
+    with pytest.raises(RuntimeError, match="^" + op.__name__.split(".")[0].lstrip("_") + r"\(\): Expected grad_output "
+                       "to have non-zero size for non-batch dimensions, but " + want):
+        op(torch.randn(grad_shape, device="tpu"), torch.randn(input_shape, device="tpu"))
