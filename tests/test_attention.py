@@ -258,3 +258,58 @@ def test_fused_backward_with_an_undefined_output_gradient():
     undefined = torch._C._functions.UndefinedGrad()(out)
     grads = torch.autograd.grad(undefined, (q, k, v), torch.ones_like(out), allow_unused=True)
     assert all(g is None for g in grads)
+
+
+# ---- nn.MultiheadAttention / nn.TransformerEncoderLayer inference fast paths ----
+# eval + no_grad takes torch._native_multi_head_attention and
+# torch._transformer_encoder_layer_fwd (tpu is a supported fast-path device);
+# they run on the device, their pieces lowered (no CPU fallback).
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["weights", "no_weights", "per_head", "padding_mask", "attn_mask"])
+def test_multihead_attention_fast_path_on_device(kind, dtype, no_cpu_fallback):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval().to(dtype)
+    x = torch.randn(3, 7, 32, dtype=dtype)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 4:] = True
+    kw = {"weights": {}, "no_weights": {"need_weights": False}, "per_head": {"average_attn_weights": False},
+          "padding_mask": {"key_padding_mask": pad}, "attn_mask": {"attn_mask": torch.ones(7, 7).bool().triu(1)}}[kind]
+    with torch.no_grad():
+        want = mha(x, x, x, **kw)
+        got = mha.to("tpu")(*(tpu(x),) * 3, **{k: tpu(v) if torch.is_tensor(v) else v for k, v in kw.items()})
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    assert_same(got[0], want[0], **tol)
+    if want[1] is not None:
+        assert_same(got[1], want[1], **tol)
+
+
+@pytest.mark.parametrize("activation,norm_first", [("relu", False), ("gelu", False), ("gelu", True)])
+def test_transformer_encoder_layer_fast_path_on_device(activation, norm_first, no_cpu_fallback):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, activation=activation,
+                                             norm_first=norm_first).eval()
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        want = layer(x)
+        got = layer.to("tpu")(tpu(x))
+    assert_same(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fast_path_pieces_match_cpu(dtype, no_cpu_fallback):
+    torch.manual_seed(0)
+    qkv, bias = torch.randn(2, 5, 24, dtype=dtype), torch.randn(24, dtype=dtype)
+    assert_same(torch._transform_bias_rescale_qkv(tpu(qkv), tpu(bias), 4),
+                torch._transform_bias_rescale_qkv(qkv, bias, 4))
+    x = torch.randn(2, 3, 4, 4, dtype=dtype)
+    pad = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)  # the second batch: every key masked
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    for mask, mask_type in [(pad, 1), (causal, 0), (causal.expand(2, 3, 4, 4), 2)]:
+        want = torch._masked_softmax(x, mask, -1, mask_type)
+        assert_same(torch._masked_softmax(tpu(x), tpu(mask), -1, mask_type), want)
+    assert torch.isnan(torch._masked_softmax(tpu(x), tpu(pad), -1, 1)[1].cpu()).all()  # NaN, as on CPU
+    a, w, c = torch.randn(4, 6, dtype=dtype) * 3, torch.randn(6, 5, dtype=dtype), torch.randn(5, dtype=dtype)
+    for use_gelu in (False, True):
+        want = torch._addmm_activation(c, a, w, beta=0.5, alpha=2, use_gelu=use_gelu)
+        assert_same(torch._addmm_activation(tpu(c), tpu(a), tpu(w), beta=0.5, alpha=2, use_gelu=use_gelu), want)
