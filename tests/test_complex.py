@@ -322,3 +322,24 @@ def test_nan_to_num_replaces_each_part(no_cpu_fallback):
                      dtype=torch.complex64)
     for kw in [{}, dict(nan=1.0, posinf=5.0, neginf=-7.0)]:
         assert torch.equal(torch.nan_to_num(x.to("tpu"), **kw).cpu(), torch.nan_to_num(x, **kw))
+
+
+SPECIAL = [0, 1, -2.5, float("inf"), -float("inf"), float("nan"), 1e-30]
+
+
+@pytest.mark.parametrize("dt", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("name,fn", [
+    ("isnan", torch.isnan), ("isinf", torch.isinf), ("isfinite", torch.isfinite),
+    ("all_dim", lambda t: t.view(7, 7).all(1)), ("any_dim", lambda t: t.view(7, 7).any(0)),
+    ("all", torch.all), ("any", torch.any), ("count_nonzero", lambda t: torch.count_nonzero(t.view(7, 7), 1)),
+    ("masked_fill", lambda t: t.masked_fill(t.real > 0, 3)), ("prod_dim", lambda t: t.view(7, 7)[:, :3].prod(1)),
+])
+def test_predicates_and_reductions_on_device(dt, name, fn, no_cpu_fallback):
+    # Every pair of special parts: a part that is NaN or inf decides, as on CPU
+    # (a convert to bool would look at the real part only).
+    z = torch.tensor([complex(a, b) for a in SPECIAL for b in SPECIAL], dtype=dt)
+    want, got = fn(z), fn(tpu(z))
+    if want.dtype in (torch.bool, torch.int64):
+        assert torch.equal(got.cpu(), want)
+    else:
+        assert_same(got, want)

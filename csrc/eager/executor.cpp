@@ -221,7 +221,8 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       "baddbmm", "addbmm", "vdot", "polar", "constant_pad_nd", "roll", "flip", "index_select",
       // StableHLO's elementwise ops take complex operands as they are (forward only:
       // their backward ops are not listed, the CPU computes them with the conj).
-      "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num"};
+      "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num",
+      "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod"};
   bool has_unsigned = false, has_complex = false;
   auto note = [&](c10::ScalarType t) {
     has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;

@@ -198,7 +198,9 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
 
 std::vector<Value> all_any(LoweringContext& ctx, bool all) {
   Builder& b = ctx.b;
-  Value x = b.convert(ctx.tensor("self"), DType::Bool);
+  Value x = ctx.tensor("self");
+  // (complex: non-zero in either part; a convert would keep the real part)
+  x = is_complex(x.dtype()) ? b.compare(Cmp::NE, x, b.zeros(x.type)) : b.convert(x, DType::Bool);
   Value r = b.reduce(x, b.constant(Scalar::from_bool(all), DType::Bool), reduced_dims(ctx, x),
                      all ? "stablehlo.and" : "stablehlo.or");
   return {b.reshape(r, ctx.out().shape)};

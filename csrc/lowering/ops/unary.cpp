@@ -144,8 +144,8 @@ std::vector<Value> round(LoweringContext& ctx) {
 // isinf decomposes in eager but stays whole in torch.compile graphs.)
 std::vector<Value> isnan(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
-  if (!is_float(x.dtype())) return {ctx.b.zeros({DType::Bool, x.shape()})};
-  return {ctx.b.compare(Cmp::NE, x, x)};
+  if (!is_float(x.dtype()) && !is_complex(x.dtype())) return {ctx.b.zeros({DType::Bool, x.shape()})};
+  return {ctx.b.compare(Cmp::NE, x, x)};  // complex: either part NaN
 }
 
 // isinf / isposinf / isneginf: x compared with +-inf (|x| for isinf).
@@ -153,6 +153,12 @@ LowerFn infinity_test(int sign) {
   return [sign](LoweringContext& ctx) -> std::vector<Value> {
     Builder& b = ctx.b;
     Value x = ctx.tensor("self");
+    if (sign == 0 && is_complex(x.dtype())) {  // either part infinite, as CPU
+      TensorType rt{real_dtype(x.dtype()), x.shape()};
+      Value inf = b.splat(Scalar::from_float(INFINITY), rt);
+      Value re = b.unary("abs", b.op("stablehlo.real", {x}, rt)), im = b.unary("abs", b.op("stablehlo.imag", {x}, rt));
+      return {b.binary("or", b.compare(Cmp::EQ, re, inf), b.compare(Cmp::EQ, im, inf))};
+    }
     if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
     Value v = sign == 0 ? b.unary("abs", x) : x;
     return {b.compare(Cmp::EQ, v, splat_like(b, sign < 0 ? -INFINITY : INFINITY, x))};
