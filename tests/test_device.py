@@ -305,3 +305,24 @@ def test_legacy_save_format_raises_a_clear_error():
     # crash or a read of garbage.
     with pytest.raises(RuntimeError, match="_use_new_zipfile_serialization=False"):
         torch.save(tpu(torch.arange(4.0)), io.BytesIO(), _use_new_zipfile_serialization=False)
+
+
+def test_dlpack_export_is_refused_at_the_export():
+    # A capsule would carry an opaque storage handle as its data pointer.
+    from torch.utils.dlpack import to_dlpack
+    x = tpu(torch.arange(5.0))
+    for export in (to_dlpack, lambda t: t.__dlpack__(), lambda t: t.__dlpack__(max_version=(1, 0))):
+        with pytest.raises(BufferError, match="cannot export a tensor on tpu:0 through DLPack"):
+            export(x)
+    assert torch.equal(torch.from_dlpack(to_dlpack(torch.arange(3.0))), torch.arange(3.0))  # CPU unaffected
+
+
+def test_sparse_compressed_layouts_raise_a_clear_error():
+    x = tpu(torch.eye(3))
+    for make in (lambda t: t.to_sparse_csr(), lambda t: t.to_sparse_csc(), lambda t: t.to_sparse_bsr(1)):
+        with pytest.raises(NotImplementedError, match="sparse tensors are not supported on device tpu"):
+            make(x)
+    # One made another way (moved from the CPU) gets the same error at its first use.
+    csr = torch.eye(3).to_sparse_csr().to("tpu")
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on device tpu"):
+        csr.to_dense()

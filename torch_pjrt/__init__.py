@@ -118,6 +118,8 @@ if _autoload_error is None:
     _install_integrations()
     from . import distributed as _distributed  # noqa: E402
     _distributed.register()  # init_process_group(backend="tpu")
+    from . import _dlpack  # noqa: E402
+    _dlpack.install()  # DLPack export of tpu tensors: a BufferError, not a capsule of a handle
 
     # torch.compile(backend="tpu") finds the backend through the entry point in
     # torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt

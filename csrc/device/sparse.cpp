@@ -19,5 +19,10 @@ void no_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&no_sparse>()); }
+// CSR/CSC/BSR/BSC: the same (they were made, and then nothing but the
+// dispatcher's generic error could use them).
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&no_sparse>());
+}
 
 }  // namespace torch_pjrt::device

@@ -107,6 +107,15 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = bits.back().second;
   }
   at::native::cpu_fallback(op, stack);
+  // A sparse result (to_sparse_csr and the other compressed layouts reach
+  // here: COO is refused at its own constructor, device/sparse.cpp).
+  for (size_t r = stack->size() - op.schema().returns().size(); r < stack->size(); ++r) {
+    const c10::IValue& v = (*stack)[r];
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().layout() == c10::kStrided) continue;
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_pjrt: sparse tensors are not supported on device tpu (",
+                                op_display_name(op.schema()), " returns a ", v.toTensor().layout(),
+                                " tensor); keep sparse tensors on the CPU");
+  }
   for (auto& [arg, tmp] : bits) {
     if (!arg.sizes().equals(tmp.sizes())) arg.resize_(tmp.sizes());
     arg.copy_(tmp);
