@@ -349,3 +349,23 @@ def test_backward_op_refused_by_meta_gets_cpus_message(op, grad_shape, input_sha
     with pytest.raises(RuntimeError, match="^" + op.__name__.split(".")[0].lstrip("_") + r"\(\): Expected grad_output "
                        "to have non-zero size for non-batch dimensions, but " + want):
         op(torch.randn(grad_shape, device="tpu"), torch.randn(input_shape, device="tpu"))
+
+
+OVERLAP = "some elements of the input tensor and the written-to tensor refer to a single memory location"
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("masked_select", lambda x, i: torch.masked_select(x, x > 0, out=x)),
+    ("cat", lambda x, i: torch.cat((x[:0], x), out=x)),
+    ("gather", lambda x, i: torch.gather(x, 0, i, out=x[:3])),
+    ("take", lambda x, i: torch.take(x, i, out=x[:3])),
+    ("kthvalue", lambda x, i: torch.kthvalue(x, 2, out=(x[:1].squeeze(), i[:1].squeeze()))),
+])
+def test_out_overlapping_an_input_raises_as_cpu(name, fn):
+    # The CPU probe and the CPU fallback see the call's aliasing (views of one
+    # storage view one host copy), so CPU's overlap checks fire.
+    for dev in ("cpu", "tpu"):
+        x = torch.tensor([1.0, -2.0, 3.0, 4.0, -5.0, 6.0], device=dev)
+        with pytest.raises(RuntimeError, match=OVERLAP):
+            fn(x, torch.tensor([0, 2, 1], device=dev))
+

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 #include "device/current_device.h"
 #include "device/device_lock.h"
@@ -225,6 +226,10 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
 std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
   DeviceLock lock;
   std::vector<at::Tensor> out;
+  // Arguments that view one tpu storage view one host copy of it, so the CPU
+  // kernel sees their aliasing (its overlap checks, e.g. masked_select(x, m,
+  // out=x), and reads of an input that the op writes).
+  std::unordered_map<const StorageBuffer*, at::Tensor> host_copies;
   for (const at::Tensor& t : tensors) {
     if (!t.defined() || t.device().type() != kTpu || t.is_nested()) {  // nested: nested.cpp
       out.push_back(t.defined() ? t.cpu() : t);
@@ -236,9 +241,12 @@ std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
       out.push_back(t.cpu());
       continue;
     }
-    at::Tensor bytes = at::empty({static_cast<int64_t>(sb.nbytes)}, at::TensorOptions().dtype(at::kByte));
-    eager::capture_host_read("an op run on the CPU (a CPU fallback) reads its tpu arguments");
-    runtime::Runtime::get().buffer_to_host(*ensure_buffer(sb, sb.dtype), bytes.data_ptr(), sb.nbytes);
+    at::Tensor& bytes = host_copies[&sb];
+    if (!bytes.defined()) {
+      bytes = at::empty({static_cast<int64_t>(sb.nbytes)}, at::TensorOptions().dtype(at::kByte));
+      eager::capture_host_read("an op run on the CPU (a CPU fallback) reads its tpu arguments");
+      runtime::Runtime::get().buffer_to_host(*ensure_buffer(sb, sb.dtype), bytes.data_ptr(), sb.nbytes);
+    }
     at::Tensor host = bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset());
     // The raw values, so the lazy conj/neg bits too (ops that handle a conj
     // view themselves, linalg_solve_triangular's out=, reach the fallback with one).

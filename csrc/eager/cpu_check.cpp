@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <unordered_map>
 #include <sstream>
 #include <stdexcept>
 
@@ -43,11 +44,27 @@ enum class Outcome { Ok, Failed, Ignored };
 // dtype, shape (and dense layout) filled with `fill`.
 struct ProbeArgs {
   double fill;
+  // tpu storages two or more arguments view: one CPU storage each, viewed at
+  // the same sizes, strides and offsets, so that CPU's overlap checks
+  // (masked_select(x, m, out=x): "some elements of the input tensor and the
+  // written-to tensor refer to a single memory location") see the aliasing.
+  mutable std::unordered_map<const c10::StorageImpl*, at::Tensor> shared;
   at::Tensor tensor(const at::Tensor& t) const {
     if (!t.defined()) return t;
     // A CPU argument (a 0-d scalar, an optimizer's step count) is copied: the
     // probe may write it.
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t.clone();
+    auto it = shared.find(t.storage().unsafeGetStorageImpl());
+    if (it != shared.end()) {
+      at::Tensor& bytes = it->second;
+      if (!bytes.defined()) {
+        int64_t n = static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
+        bytes = at::empty({n}, t.options().device(c10::kCPU));
+        bytes.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
+      }
+      if (bytes.scalar_type() == t.scalar_type())
+        return at::empty({0}, bytes.options()).set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+    }
     // The call's strides where they describe a whole dense block (a
     // transposed operand: kernels check layouts, e.g. _grouped_mm's 16-byte
     // strides), else contiguous.
@@ -65,6 +82,13 @@ struct ProbeArgs {
 
 torch::jit::Stack probe_stack(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                               const ProbeArgs& make) {
+  std::unordered_map<const c10::StorageImpl*, int> uses;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.storage().nbytes() > 0)
+      ++uses[t.storage().unsafeGetStorageImpl()];
+  });
+  for (const auto& [storage, n] : uses)
+    if (n > 1) make.shared.emplace(storage, at::Tensor());
   torch::jit::Stack stack;
   for (const auto& v : args) stack.push_back(make(v));
   return stack;
