@@ -366,3 +366,16 @@ def test_randn_of_an_integer_dtype_as_cpu(dtype):
     assert torch.randn(0, dtype=dtype, device="tpu").shape == (0,)
     with pytest.raises(NotImplementedError, match="normal_kernel_cpu"):
         torch.randn(3, dtype=dtype, device="tpu")
+
+
+def test_random_op_errors_are_cpus_and_leave_the_cpu_generator_alone():
+    # PyTorch's Meta kernel of multinomial words it otherwise; CPU's kernel is
+    # asked (OpInfo error_inputs match CPU's text), its generator kept as it was.
+    torch.manual_seed(0)
+    want = torch.rand(4)
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="^prob_dist must be 1 or 2 dim"):
+        torch.multinomial(torch.rand(1, 2, 3, device="tpu"), 2)
+    assert torch.equal(torch.rand(4), want)
+    with pytest.raises(RuntimeError, match=r"uniform_ expects to return a \[from, to\) range, but found from=3 > to=-1"):
+        torch.empty(10, device="tpu").uniform_(3, -1)

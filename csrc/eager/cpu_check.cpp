@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <sstream>
@@ -155,10 +156,16 @@ bool skipped(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
   if (!backward_ok && name.size() > 9 && name.compare(name.size() - 9, 9, "_backward") == 0) return true;
   for (const auto& r : schema.returns())
     if (r.alias_info() && !r.alias_info()->isWrite()) return true;  // a view: no kernel computes
-  for (const auto& a : schema.arguments()) {
-    auto t = a.real_type();
+  const auto& sargs = schema.arguments();
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    auto t = sargs[i].real_type();
     if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-    if (t->kind() == c10::TypeKind::GeneratorType || t->kind() == c10::TypeKind::StorageType) return true;
+    // (A generator left None is CPU's default one in the probe: meta_failed
+    // keeps its state; a tpu generator cannot go to a CPU kernel.)
+    bool none = i < args.size() && args[i].isNone();
+    if ((t->kind() == c10::TypeKind::GeneratorType && !(backward_ok && none)) ||
+        t->kind() == c10::TypeKind::StorageType)
+      return true;
   }
   for (const auto& v : args)
     if (v.isStorage() || v.isObject() || v.isCapsule()) return true;
@@ -328,10 +335,29 @@ c10::IValue meta_arg(const c10::IValue& v) {
 
 }  // namespace
 
+// Random ops are asked too once their Meta kernel has refused the call
+// (multinomial of a 3-d input: CPU's "prob_dist must be 1 or 2 dim"), with
+// CPU's default generator put back as it was: the probe must not move the
+// user's CPU random stream.
+struct CpuGeneratorKept {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  CpuGeneratorKept() {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  ~CpuGeneratorKept() {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+};
+
 std::optional<torch::jit::Stack> meta_failed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                              bool random) {
   const auto& schema = op.schema();
-  if (!enabled() || skipped(schema, args, random, /*backward_ok=*/true)) return std::nullopt;
+  std::optional<CpuGeneratorKept> kept;
+  if (random) kept.emplace();
+  if (!enabled() || skipped(schema, args, /*random=*/false, /*backward_ok=*/true)) return std::nullopt;
   if (!small_call(args, 0)) return std::nullopt;
   SerialCpuOffHome serial;  // (the call below runs on CPU too)
   CpuError err;

@@ -68,6 +68,14 @@ void check_bound(LoweringContext& ctx, double v, const char* name, DType t) {
   if (!(v >= lo && v <= hi)) ctx.fail(std::string(name) + " is out of bounds for " + dtype_name(t));
 }
 
+// A number as CPU's messages print it (an ostream: "3", "0.5"), not
+// std::to_string's "3.000000".
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 std::vector<Value> uniform(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
@@ -78,11 +86,11 @@ std::vector<Value> uniform(LoweringContext& ctx) {
   check_bound(ctx, from, "from", out.dtype);
   check_bound(ctx, to, "to", out.dtype);
   if (!(from <= to))
-    ctx.fail("uniform_ expects to return a [from, to) range, but found from=" + std::to_string(from) +
-             " > to=" + std::to_string(to));
+    ctx.fail("uniform_ expects to return a [from, to) range, but found from=" + num(from) +
+             " > to=" + num(to));
   if (!(to - from <= bounds(out.dtype).second))
     ctx.fail(std::string("uniform_ expects to-from <= std::numeric_limits<") + dtype_name(out.dtype) +
-             ">::max(), but found to=" + std::to_string(to) + " and from=" + std::to_string(from) +
+             ">::max(), but found to=" + num(to) + " and from=" + num(from) +
              " which result in to-from to exceed the limit");
   if (out.numel() == 0) return {b.zeros(out)};
   Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
