@@ -309,3 +309,18 @@ def test_var_std_warn_on_nonpositive_degrees_of_freedom_like_cpu(mode):
         else:
             got = warned(fn, "tpu")
         assert got == expected
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((0, 4, 5), (3, 5)), ((2, 0, 5), (3, 5)), ((2, 4, 5), (3, 5)),
+                                             ((4, 0), (3, 0))])
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0])
+def test_cdist_gradients_with_empty_and_broadcast_batches(a_shape, b_shape, p):
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    ac, bc, at, bt = a.clone().requires_grad_(), b.clone().requires_grad_(), tpu(a).requires_grad_(), tpu(b).requires_grad_()
+    want, got = torch.cdist(ac, bc, p), torch.cdist(at, bt, p)
+    assert_same(got, want)
+    g = torch.randn(want.shape)
+    want.backward(g)
+    got.backward(tpu(g))
+    assert_same(at.grad, ac.grad, rtol=1e-4, atol=1e-4)
+    assert_same(bt.grad, bc.grad, rtol=1e-4, atol=1e-4)

@@ -318,6 +318,11 @@ std::vector<Value> cdist_forward(LoweringContext& ctx) {
 std::vector<Value> cdist_backward(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
+  // Empty rows, columns, features or batch: zeros of x1's shape, as CPU's
+  // kernel (x2's batch dims need not be x1's then: an empty batch of one).
+  if (ctx.tensor("grad").type.numel() == 0 || ctx.tensor("x1").type.numel() == 0 ||
+      ctx.tensor("x2").type.numel() == 0)
+    return {b.zeros(out)};
   Cdist c = cdist_diff(ctx);
   DType acc = c.acc;
   const Shape& full = c.diff.shape();
