@@ -195,3 +195,19 @@ def test_fallback_writes_into_conj_and_neg_views():
             assert r is out
             res.append(out.resolve_conj())
         assert_same(res[1], res[0], rtol=1e-5, atol=1e-5)
+
+
+def test_resizing_a_non_empty_out_warns_on_every_call_as_cpu():
+    # The plan's cached resize gives PyTorch's deprecation warning each time
+    # (PyTorch's test_out_warning calls twice); an empty out= resizes silently.
+    import warnings
+    for _ in range(3):
+        out = torch.ones(4, 5, device="tpu")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            torch.tanh(torch.randn(4, 4, device="tpu"), out=out)
+        assert out.shape == (4, 4)
+        assert any("An output with one or more elements was resized" in str(x.message) for x in w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.tanh(torch.randn(4, 4, device="tpu"), out=torch.empty(0, device="tpu"))

@@ -1,6 +1,7 @@
 #include "eager/executor.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
@@ -404,6 +405,9 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       run_meta(op, args, inst, &unused, /*dry=*/true);  // raises for invalid values, as CPU does
     }
     for (const Resize& r : plan->resizes) {
+      // PyTorch's deprecation warning for resizing a non-empty out=, on every
+      // call as CPU gives it (the Meta kernel gave it when the plan was built).
+      at::native::resize_output_check(inst.slots[r.slot].tensor, r.sizes);
       inst.slots[r.slot].tensor.resize_(r.sizes);
       inst.storages[inst.slots[r.slot].storage] = &device::storage_of(inst.slots[r.slot].tensor);
     }
