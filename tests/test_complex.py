@@ -343,3 +343,13 @@ def test_predicates_and_reductions_on_device(dt, name, fn, no_cpu_fallback):
         assert torch.equal(got.cpu(), want)
     else:
         assert_same(got, want)
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.float32])
+def test_complex_fill_value_of_a_real_tensor_raises_as_cpu(dt):
+    # (masked_fill runs complex tensors on the device; a complex value for a
+    # real tensor keeps CPU's overflow error, not a silent real part)
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(2, dtype=dt, device=dev)
+        with pytest.raises(RuntimeError, match="value cannot be converted to type .* without overflow"):
+            x.masked_fill(torch.tensor(True, device=dev), torch.tensor(1j, device=dev))

@@ -379,3 +379,18 @@ def test_random_op_errors_are_cpus_and_leave_the_cpu_generator_alone():
     assert torch.equal(torch.rand(4), want)
     with pytest.raises(RuntimeError, match=r"uniform_ expects to return a \[from, to\) range, but found from=3 > to=-1"):
         torch.empty(10, device="tpu").uniform_(3, -1)
+    with pytest.raises(RuntimeError, match="multinomial only supports floating-point dtypes for input, got: Long"):
+        torch.multinomial(torch.ones(1, 2, dtype=torch.int64, device="tpu"), 2)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda d: torch.multinomial(torch.ones(2, device=d, dtype=torch.float64), 0), "cannot sample n_sample <= 0"),
+    (lambda d: torch.multinomial(torch.ones(2, device=d), 3), "cannot sample n_sample > prob_dist.size"),
+    (lambda d: torch.multinomial(torch.ones(1, 2, dtype=torch.float64, device=d), 2,
+                                 out=torch.empty(1, 2, dtype=torch.float64, device=d)),
+     "multinomial expects Long tensor out, got: Double"),
+])
+def test_multinomial_argument_errors_as_cpu(call, match):
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match=match):
+            call(dev)

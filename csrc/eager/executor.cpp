@@ -263,6 +263,11 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   has_unsigned |= unsigned_cpu_scalar && !non_bool_tensor;
   if (has_unsigned && !unsigned_ops.count(base)) return false;
   if (has_complex && !complex_ops.count(base)) return false;
+  // A complex fill value of a real tensor: CPU's overflow error ("value cannot
+  // be converted to type float without overflow"), from its kernel.
+  if (has_complex && base == "masked_fill" && !stack_args.empty() && stack_args[0].isTensor() &&
+      !stack_args[0].toTensor().is_complex())
+    return false;
   return true;
 }
 

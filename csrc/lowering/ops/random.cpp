@@ -231,12 +231,21 @@ std::vector<Value> random(LoweringContext& ctx) {
 std::vector<Value> multinomial(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  if (out.numel() == 0) return {b.zeros(out)};
   Value self = ctx.tensor("self");
-  DType wt = work_type(self.dtype());
+  if (!is_float(self.dtype()))  // (CPU's kernel checks this; the Meta kernel does not)
+    ctx.fail(std::string("multinomial only supports floating-point dtypes for input, got: ") +
+             scalar_type_name(self.dtype()));
+  if (out.dtype != DType::I64)  // an out= of another dtype
+    ctx.fail(std::string("multinomial expects Long tensor out, got: ") + scalar_type_name(out.dtype));
   int64_t rows = self.rank() == 2 ? self.shape()[0] : 1, cats = self.shape().back();
   int64_t k = ctx.to_int("num_samples", 1);
   bool replacement = ctx.to_bool("replacement", false);
+  // CPU's checks of the arguments (the Meta kernel makes none of these).
+  if (k <= 0) ctx.fail("cannot sample n_sample <= 0 samples");
+  if (!replacement && k > cats) ctx.fail("cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  if (cats > (int64_t{1} << 24)) ctx.fail("number of categories cannot exceed 2^24");
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType wt = work_type(self.dtype());
   Value p = b.reshape(b.convert(self, wt), {rows, cats});
   // CPU's checks, from the data.
   Value finite = b.compare(Cmp::EQ, b.binary("subtract", p, p), splat_like(b, 0, p));  // false for inf, NaN
