@@ -12,6 +12,7 @@
 #include "device/lowering_routes.h"
 #include "eager/cpu_fallback.h"
 #include "eager/fused.h"
+#include "eager/ivalue_tensors.h"
 
 namespace torch_pjrt::device {
 namespace {
@@ -37,19 +38,8 @@ at::Tensor nested_to_copy(const at::Tensor& self, std::optional<at::ScalarType> 
       impl->get_storage_offsets().clone());
 }
 
-// The CPU fallback's host copies: nested ones by nested_to_copy, plain tpu
-// ones by the PrivateUse1 kernel (a list with a nested tpu tensor dispatches
-// here).
-std::vector<at::Tensor> nested_to_cpu(at::TensorList tensors) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : tensors) {
-    if (!t.defined() || t.is_cpu()) out.push_back(t);
-    else if (t.is_nested()) out.push_back(t.cpu());
-    else out.push_back(at::_to_cpu({t})[0]);
-  }
-  return out;
-}
-
+// A tpu argument's host copy: nested ones keep their layout (nested_to_copy),
+// plain ones go through the PrivateUse1 kernel (its exact-layout copy).
 at::Tensor to_host(const at::Tensor& t) {
   if (!t.defined() || t.is_cpu()) return t;
   if (t.is_nested()) return nested_to_copy(t, std::nullopt, std::nullopt, c10::Device(c10::kCPU), std::nullopt, false,
@@ -57,11 +47,13 @@ at::Tensor to_host(const at::Tensor& t) {
   return at::_to_cpu({t})[0];
 }
 
-// The CPU fallback for ops given a nested tpu tensor. PyTorch's cpu_fallback
-// redispatches to the CPU key alone, which skips the NestedTensorCPU kernels:
-// here arguments are copied and the op dispatched in full. Written arguments
-// get their host copy's values back (nested ones storage to storage: the
-// copies keep their layout).
+// The CPU fallback's host copies (a list with a nested tpu tensor dispatches here).
+std::vector<at::Tensor> nested_to_cpu(at::TensorList tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(to_host(t));
+  return out;
+}
+
 // Views and metadata queries (sizes, strides, offsets: host tensors) touch
 // no values: PyTorch's NestedTensorCPU kernel serves a tpu nested tensor as it
 // is, and a view stays a view of the tpu storage.
@@ -73,6 +65,11 @@ bool layout_only(const c10::FunctionSchema& schema) {
   return false;
 }
 
+// The CPU fallback for ops given a nested tpu tensor. PyTorch's cpu_fallback
+// redispatches to the CPU key alone, which skips the NestedTensorCPU kernels:
+// here arguments are copied and the op dispatched in full. Written arguments
+// get their host copy's values back (nested ones storage to storage: the
+// copies keep their layout).
 void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (layout_only(op.schema()) && op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU)) {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU), stack);
@@ -85,27 +82,14 @@ void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::optional<c10::Device> device;
   std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (tpu argument, its host copy)
   for (size_t i = 0; i < n; ++i) {
-    c10::IValue& v = (*stack)[base + i];
     bool writes = sargs[i].alias_info() && sargs[i].alias_info()->isWrite();
-    auto move = [&](const at::Tensor& t) {
+    (*stack)[base + i] = eager::map_tensors((*stack)[base + i], [&](const at::Tensor& t) {
       if (!t.defined() || t.is_cpu()) return t;
       if (!device) device = t.device();
       at::Tensor host = to_host(t);
       if (writes) written.emplace_back(t, host);
       return host;
-    };
-    if (v.isTensor()) {
-      v = move(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(move(t));
-      v = list;
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
-        list.push_back(t ? std::optional<at::Tensor>(move(*t)) : std::nullopt);
-      v = list;
-    }
+    });
   }
   op.callBoxed(stack);
   for (auto& [arg, host] : written) {
@@ -115,23 +99,13 @@ void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     else
       arg.copy_(host);
   }
-  size_t nret = op.schema().returns().size();
-  for (size_t r = stack->size() - nret; r < stack->size(); ++r) {
-    c10::IValue& v = (*stack)[r];
-    if (!device) break;
-    auto back = [&](const at::Tensor& t) {
+  if (!device) return;
+  for (size_t r = stack->size() - op.schema().returns().size(); r < stack->size(); ++r)
+    (*stack)[r] = eager::map_tensors((*stack)[r], [&](const at::Tensor& t) {
       for (auto& [arg, host] : written)
         if (host.is_same(t)) return arg;
       return t.defined() && t.is_cpu() ? t.to(*device) : t;
-    };
-    if (v.isTensor()) {
-      v = back(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(back(t));
-      v = list;
-    }
-  }
+    });
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "eager/plan.h"
@@ -46,41 +47,54 @@ bool cpu_conv3d_on_mkldnn(const at::Tensor& input, const at::Tensor& weight, con
                   n * input.size(1) * input.size(2) * input.size(3) > 20480);
 }
 
-// Which format CPU gives this op's fresh results (Contiguous: leave them).
-c10::MemoryFormat cpu_format(const std::string& name, c10::ArrayRef<c10::IValue> args) {
-  if (name == "aten::convolution" || name == "aten::_convolution" || name == "aten::convolution_backward") {
-    // channels_last when the input or the weight is (convolution_backward:
-    // grad_output, input, weight, bias_sizes, stride, padding, dilation, ...;
-    // the forms: input, weight, bias, stride, padding, dilation, transposed,
-    // output_padding, groups).
-    size_t input = name == "aten::convolution_backward" ? 1 : 0;
-    if (args.size() < input + 9 || !args[input].isTensor() || !args[input + 1].isTensor())
-      return c10::MemoryFormat::Contiguous;
-    c10::MemoryFormat a = format_of(args[input]), w = format_of(args[input + 1]);
-    c10::MemoryFormat f = channels_last(a) ? a : channels_last(w) ? w : c10::MemoryFormat::Contiguous;
-    if (f == c10::MemoryFormat::ChannelsLast3d &&
-        !cpu_conv3d_on_mkldnn(args[input].toTensor(), args[input + 1].toTensor(), args[input + 3],
-                              args[input + 5], args[input + 8].isInt() ? args[input + 8].toInt() : 1))
-      return c10::MemoryFormat::Contiguous;
-    return f;
-  }
-  static const char* pads[] = {"aten::reflection_pad2d", "aten::reflection_pad3d", "aten::replication_pad2d",
-                               "aten::replication_pad3d"};
-  for (const char* p : pads) {
-    std::string s(p);
-    if (name == s && !args.empty()) return format_of(args[0]);
-    // The backward forms take (grad_output, self, padding): self's format.
-    if (name == s + "_backward" && args.size() > 1) return format_of(args[1]);
-  }
-  return c10::MemoryFormat::Contiguous;
+// The ops concerned, by kind, with the position of the argument whose layout
+// decides (a table looked up once per Meta run: every op passes here).
+enum class Rule { Conv, Pad, UnbatchedPool3d };
+struct Entry {
+  Rule rule;
+  size_t input;
+};
+
+const Entry* rule_of(const std::string& name) {
+  static const std::unordered_map<std::string, Entry> rules = {
+      // convolution(input, weight, bias, stride, padding, dilation, transposed,
+      // output_padding, groups); convolution_backward(grad_output, input, ...)
+      {"aten::convolution", {Rule::Conv, 0}},
+      {"aten::_convolution", {Rule::Conv, 0}},
+      {"aten::convolution_backward", {Rule::Conv, 1}},
+      // the pads' backward forms take (grad_output, self, padding)
+      {"aten::reflection_pad2d", {Rule::Pad, 0}},
+      {"aten::reflection_pad3d", {Rule::Pad, 0}},
+      {"aten::replication_pad2d", {Rule::Pad, 0}},
+      {"aten::replication_pad3d", {Rule::Pad, 0}},
+      {"aten::reflection_pad2d_backward", {Rule::Pad, 1}},
+      {"aten::reflection_pad3d_backward", {Rule::Pad, 1}},
+      {"aten::replication_pad2d_backward", {Rule::Pad, 1}},
+      {"aten::replication_pad3d_backward", {Rule::Pad, 1}},
+      {"aten::max_pool3d_with_indices", {Rule::UnbatchedPool3d, 0}},
+      {"aten::max_pool3d_with_indices_backward", {Rule::UnbatchedPool3d, 1}},
+  };
+  auto it = rules.find(name);
+  return it == rules.end() ? nullptr : &it->second;
+}
+
+// Which format CPU gives a convolution's fresh results: channels_last when
+// the input or the weight is (3-d: only where CPU picks mkldnn).
+c10::MemoryFormat conv_format(c10::ArrayRef<c10::IValue> args, size_t input) {
+  if (args.size() < input + 9 || !args[input].isTensor() || !args[input + 1].isTensor())
+    return c10::MemoryFormat::Contiguous;
+  c10::MemoryFormat a = format_of(args[input]), w = format_of(args[input + 1]);
+  c10::MemoryFormat f = channels_last(a) ? a : channels_last(w) ? w : c10::MemoryFormat::Contiguous;
+  if (f == c10::MemoryFormat::ChannelsLast3d &&
+      !cpu_conv3d_on_mkldnn(args[input].toTensor(), args[input + 1].toTensor(), args[input + 3], args[input + 5],
+                            args[input + 8].isInt() ? args[input + 8].toInt() : 1))
+    return c10::MemoryFormat::Contiguous;
+  return f;
 }
 
 // CPU's max_pool3d kernels treat an unbatched (C, D, H, W) input as a batch
 // of one: channels_last_3d when that batch of one is.
-bool unbatched_channels_last_3d(const std::string& name, c10::ArrayRef<c10::IValue> args) {
-  size_t input = name == "aten::max_pool3d_with_indices" ? 0 : name == "aten::max_pool3d_with_indices_backward" ? 1 : 9;
-  if (input >= args.size() || !args[input].isTensor()) return false;
-  const at::Tensor& t = args[input].toTensor();
+bool unbatched_channels_last_3d(const at::Tensor& t) {
   if (!t.defined() || t.dim() != 4) return false;
   std::vector<int64_t> sizes{1}, strides{std::max<int64_t>(t.numel(), 1)};
   for (int64_t d = 0; d < 4; ++d) {
@@ -95,7 +109,10 @@ bool unbatched_channels_last_3d(const std::string& name, c10::ArrayRef<c10::IVal
 void keep_cpu_memory_format(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                             torch::jit::Stack& meta_returns) {
   if (!op.schema().overload_name().empty() && op.schema().overload_name() != "default") return;  // out= forms
-  if (unbatched_channels_last_3d(op.schema().name(), args)) {
+  const Entry* e = rule_of(op.schema().name());
+  if (!e || e->input >= args.size()) return;
+  if (e->rule == Rule::UnbatchedPool3d) {
+    if (!args[e->input].isTensor() || !unbatched_channels_last_3d(args[e->input].toTensor())) return;
     for (auto& v : meta_returns) {
       if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().dim() != 4) continue;
       const at::Tensor& m = v.toTensor();
@@ -103,7 +120,7 @@ void keep_cpu_memory_format(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     }
     return;
   }
-  c10::MemoryFormat f = cpu_format(op.schema().name(), args);
+  c10::MemoryFormat f = e->rule == Rule::Conv ? conv_format(args, e->input) : format_of(args[e->input]);
   if (!channels_last(f)) return;
   int64_t dim = f == c10::MemoryFormat::ChannelsLast ? 4 : 5;
   for (auto& v : meta_returns) {

@@ -17,19 +17,8 @@ std::vector<Value> relu(LoweringContext& ctx) {
 }
 
 std::vector<Value> gelu(LoweringContext& ctx) {
-  std::string approx = ctx.str("approximate", "none");
-  return float_unary(ctx, [&](Builder& b, const Value& x) {
-    Value half = splat_like(b, 0.5, x), one = splat_like(b, 1, x);
-    Value inner;
-    if (approx == "tanh") {
-      Value x3 = b.binary("multiply", b.binary("multiply", x, x), x);
-      Value t = b.binary("add", x, b.binary("multiply", splat_like(b, 0.044715, x), x3));
-      inner = b.unary("tanh", b.binary("multiply", splat_like(b, std::sqrt(2.0 / M_PI), x), t));
-    } else {
-      inner = erf(b, b.binary("multiply", x, splat_like(b, M_SQRT1_2, x)));
-    }
-    return b.binary("multiply", b.binary("multiply", half, x), b.binary("add", one, inner));
-  });
+  bool tanh = ctx.str("approximate", "none") == "tanh";
+  return float_unary(ctx, [&](Builder& b, const Value& x) { return gelu_value(b, x, tanh); });
 }
 
 std::vector<Value> silu(LoweringContext& ctx) {

@@ -28,6 +28,31 @@ std::vector<Value> float_unary(LoweringContext& ctx,
 
 Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
 
+Value gelu_value(Builder& b, const Value& x, bool tanh_approximation) {
+  Value half = splat_like(b, 0.5, x), one = splat_like(b, 1, x);
+  Value inner;
+  if (tanh_approximation) {
+    Value x3 = b.binary("multiply", b.binary("multiply", x, x), x);
+    Value t = b.binary("add", x, b.binary("multiply", splat_like(b, 0.044715, x), x3));
+    inner = b.unary("tanh", b.binary("multiply", splat_like(b, std::sqrt(2.0 / M_PI), x), t));
+  } else {
+    inner = erf(b, b.binary("multiply", x, splat_like(b, M_SQRT1_2, x)));
+  }
+  return b.binary("multiply", b.binary("multiply", half, x), b.binary("add", one, inner));
+}
+
+Value softmax_along(Builder& b, const Value& x, int64_t dim, bool log) {
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != dim) kept.push_back(i);
+  double inf = std::numeric_limits<double>::infinity();
+  Value m = b.reduce(x, b.constant(-inf, x.dtype()), {dim}, "stablehlo.maximum");
+  Value shifted = b.binary("subtract", x, b.broadcast_in_dim(m, x.shape(), kept));
+  Value e = b.unary("exponential", shifted);
+  Value s = b.broadcast_in_dim(b.reduce(e, b.constant(0.0, x.dtype()), {dim}, "stablehlo.add"), x.shape(), kept);
+  return log ? b.binary("subtract", shifted, b.unary("log", s)) : b.binary("divide", e, s);
+}
+
 Value floor_divide(Builder& b, const Value& a, const Value& d) {
   if (is_float(a.dtype())) {
     // PyTorch's div_floor_floating, not floor(a / d): the quotient of what

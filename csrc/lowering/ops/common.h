@@ -23,6 +23,11 @@ DType math_dtype(DType out);
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);
 Value erf(Builder& b, const Value& x);
+// gelu of `x` in x's dtype: exact (erf) or the tanh approximation.
+Value gelu_value(Builder& b, const Value& x, bool tanh_approximation);
+// Numerically stable softmax (or log_softmax) of `x` along `dim`, in x's dtype:
+// the max along dim subtracted before exponentiating (-inf rows give NaN).
+Value softmax_along(Builder& b, const Value& x, int64_t dim, bool log = false);
 
 // The values an integer dtype holds, as doubles (lowest, highest).
 std::pair<double, double> integer_range(DType t);

@@ -2,8 +2,6 @@
 // einsum decompose into these in PyTorch before reaching the backend.
 // float16/bfloat16 operands are multiplied and accumulated in float32 (then
 // rounded once by the executor's conversion to the result dtype).
-#include <cmath>
-
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -137,10 +135,7 @@ TORCH_PJRT_LOWERING("_addmm_activation", [](LoweringContext& c) {
     Value zero = splat_like(b, 0, r);
     return std::vector<Value>{b.select(b.compare(Cmp::LT, r, zero), zero, r)};
   }
-  Value x = b.convert(r, acc_dtype(out));
-  Value g = b.binary("multiply", b.binary("multiply", splat_like(b, 0.5, x), x),
-                     b.binary("add", splat_like(b, 1, x), erf(b, b.binary("multiply", x, splat_like(b, M_SQRT1_2, x)))));
-  return std::vector<Value>{b.convert(g, out)};
+  return std::vector<Value>{b.convert(gelu_value(b, b.convert(r, acc_dtype(out)), false), out)};
 });
 TORCH_PJRT_LOWERING("baddbmm", [](LoweringContext& c) {
   return std::vector<Value>{add_product(c, product(c, "batch1", "batch2", 1, 1))};

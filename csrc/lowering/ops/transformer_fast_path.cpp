@@ -54,13 +54,7 @@ std::vector<Value> masked_softmax(LoweringContext& ctx) {
   Value v = b.convert(x, acc);
   double inf = std::numeric_limits<double>::infinity();
   v = b.select(mask, splat_like(b, -inf, v), v);
-  std::vector<int64_t> kept;
-  for (int64_t i = 0; i < rank; ++i)
-    if (i != dim) kept.push_back(i);
-  Value m = b.broadcast_in_dim(b.reduce(v, b.constant(-inf, acc), {dim}, "stablehlo.maximum"), v.shape(), kept);
-  Value e = b.unary("exponential", b.binary("subtract", v, m));
-  Value s = b.broadcast_in_dim(b.reduce(e, b.constant(0.0, acc), {dim}, "stablehlo.add"), v.shape(), kept);
-  return {b.convert(b.binary("divide", e, s), ctx.out().dtype)};
+  return {b.convert(softmax_along(b, v, dim), ctx.out().dtype)};
 }
 
 }  // namespace
