@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_pjrt
-from conftest import assert_same, make, tpu
+from conftest import assert_same, make, run_json, tpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -344,6 +344,65 @@ def test_a_trace_back_only_after_many_others_is_not_compiled_at_once():
         assert delta(m2, m3, "fused_programs_compiled") == len(sizes), rounds
         cycle()
         assert delta(m3, metrics(), "fused_cache_hits") == len(sizes)
+
+
+def test_a_full_trace_cache_keeps_the_loop_that_runs_now():
+    """The fused trace cache holds TORCH_PJRT_FUSED_CACHE_ENTRIES traces; when
+    full, the least recently flushed half goes. A hot loop's compiled program
+    and a cycle of traces on their way to compiling (their sightings so far)
+    outlive a stream of one-off traces (the whole cache used to be dropped,
+    so both started over). clear_executable_cache forgets all of them."""
+    out = run_json(r"""
+import json, torch, torch_pjrt
+m = torch_pjrt.metrics
+def hot(x):
+    return ((x * 2 + 1).sum()).item()
+def cold(n):  # a trace of a new structure each time
+    return (torch.ones(n, device="tpu") * 3).sum().item()
+x = torch.ones(8, device="tpu")
+with torch_pjrt.fused():
+    hot(x); hot(x); hot(x)  # back to back: compiled at its second sighting (the first also made x under TORCH_PJRT_EAGER=fused)
+    c0 = m()["fused_programs_compiled"]
+    for n in range(1, 40):
+        assert hot(x) == 24.0 and cold(n) == 3.0 * n
+    c1 = m()["fused_programs_compiled"]
+    size = m()["fused_cache_size"]
+    torch_pjrt.clear_executable_cache()
+    cleared = m()["fused_cache_size"]
+    hot(x)
+    c2 = m()["fused_programs_compiled"]
+print("RESULT " + json.dumps({"c0": c0, "c1": c1, "c2": c2, "size": size, "cleared": cleared}))
+""", TORCH_PJRT_FUSED_CACHE_ENTRIES=8, TORCH_PJRT_CACHE_DIR="")
+    assert out["c0"] == 1
+    assert out["c1"] == 1, out  # the hot program was never dropped (one-off traces are not compiled)
+    assert 0 < out["size"] <= 8, out
+    assert out["cleared"] == 0
+    assert out["c2"] == 1, out  # after clearing, the trace is new again: not compiled at its first sighting
+
+
+def test_a_cycle_outlives_a_full_trace_cache():
+    # Nine traces in a cycle, as in the test above, with the cache filled by
+    # one-off traces so that it overflows during the first cycle: the cycle's
+    # second round still defers all nine (it found a third missing when the
+    # whole cache was dropped at the bound).
+    out = run_json(r"""
+import json, torch, torch_pjrt
+m = torch_pjrt.metrics
+xt = torch.ones(16, device="tpu")
+def grown(n):
+    y = torch.cat((xt, xt[:n] * 2.0)).sin() + 1.0
+    return (y * y).sum().item()
+with torch_pjrt.fused():
+    for n in range(1, 59):
+        (torch.ones(n, device="tpu") * 2).sum().item()
+    d0 = m()["fused_deferred_compiles"]
+    for _ in range(2):
+        for n in range(2, 11):
+            grown(n)
+    d1 = m()["fused_deferred_compiles"]
+print("RESULT " + json.dumps({"deferred": d1 - d0, "size": m()["fused_cache_size"]}))
+""", TORCH_PJRT_FUSED_CACHE_ENTRIES=64, TORCH_PJRT_CACHE_DIR="")
+    assert out["deferred"] == 9, out
 
 
 def test_env_setting_and_size_bound():

@@ -226,6 +226,9 @@ def supported_ops_table():
 
 
 def clear_executable_cache():
+    """Drops every compiled program held in memory: the per-op executables and
+    fused eager's traces with their programs (the persistent cache on disk is
+    kept; see torch_pjrt.cache)."""
     _state.C.clear_executable_cache()
 
 

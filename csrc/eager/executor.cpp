@@ -564,6 +564,9 @@ std::map<std::string, std::string> float_modes() {
   return out;
 }
 
-void clear_executable_cache() { cache().clear(); }
+void clear_executable_cache() {
+  cache().clear();
+  fused_clear_programs();
+}
 
 }  // namespace torch_pjrt::eager

@@ -212,14 +212,40 @@ int64_t max_entries() {
   return n;
 }
 
+// The cache is full: the least recently flushed half goes, so the traces of
+// the loop that runs now (compiled or on their way to it) keep their state.
+// The learned cuts are relearned by the traces that stay.
+void evict_oldest_half() {
+  std::vector<int64_t> last;
+  last.reserve(static_cast<size_t>(g_entry_count));
+  for (const auto& [hash, bucket] : g_entries)
+    for (const auto& e : bucket) last.push_back(e->last_flush);
+  auto mid = last.begin() + static_cast<std::ptrdiff_t>(last.size() / 2);
+  std::nth_element(last.begin(), mid, last.end());
+  int64_t keep_from = last.empty() ? 0 : *mid;
+  g_entry_count = 0;
+  for (auto it = g_entries.begin(); it != g_entries.end();) {
+    auto& bucket = it->second;
+    bucket.erase(std::remove_if(bucket.begin(), bucket.end(),
+                                [&](const auto& e) { return e->last_flush < keep_from; }),
+                 bucket.end());
+    for (auto& e : bucket) e->cut_learned = false;
+    g_entry_count += static_cast<int64_t>(bucket.size());
+    it = bucket.empty() ? g_entries.erase(it) : std::next(it);
+  }
+  g_cuts.clear();
+}
+
 std::shared_ptr<Entry> find_or_add(const Trace& t) {
   auto& bucket = g_entries[t.hash];
   for (const auto& e : bucket)
     if (e->structure == t.structure) return e;
-  if (g_entry_count >= max_entries()) {  // simple bound: start again
-    g_entries.clear();
-    g_entry_count = 0;
-    g_cuts.clear();
+  if (g_entry_count >= max_entries()) {
+    evict_oldest_half();
+    if (g_entry_count >= max_entries()) {  // all flushed at once (a bound of 1)
+      g_entries.clear();
+      g_entry_count = 0;
+    }
   }
   auto e = std::make_shared<Entry>();
   e->structure = t.structure;
@@ -816,6 +842,13 @@ bool set_fused_pipeline(bool on) {
   bool was = pipeline_on();
   g_pipeline.store(on ? 1 : 0);
   return was;
+}
+
+void fused_clear_programs() {
+  device::DeviceLock lock;
+  g_entries.clear();
+  g_entry_count = 0;
+  g_cuts.clear();
 }
 
 FusedStats fused_stats() {

@@ -93,5 +93,7 @@ struct FusedStats {
   std::map<std::string, int64_t> flushes_by_reason;
 };
 FusedStats fused_stats();
+// Forgets every trace seen and its fused program (clear_executable_cache).
+void fused_clear_programs();
 
 }  // namespace torch_pjrt::eager
