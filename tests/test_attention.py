@@ -239,6 +239,18 @@ def test_sdpa_takes_the_fused_lowering_for_4d_inputs(metrics_delta):
     assert q.grad is not None and metrics_delta()["cpu_fallbacks"] == {}
 
 
+def test_fused_sdp_choice_answers_for_tpu(metrics_delta):
+    # torch._fused_sdp_choice on tpu tensors: what SDPA will use on tpu (it ran
+    # CPU's kernel through the fallback and answered CPU's choice, flash).
+    from torch.nn.attention import SDPBackend
+    q = torch.rand(2, 2, 16, 8, dtype=torch.float16).to("tpu")
+    assert torch._fused_sdp_choice(q, q, q) == int(SDPBackend.OVERRIDEABLE)
+    assert torch._fused_sdp_choice(q[0], q[0], q[0]) == int(SDPBackend.MATH)  # 3-d: the math decomposition
+    k = torch.rand(2, 1, 16, 8, dtype=torch.float16).to("tpu")
+    assert torch._fused_sdp_choice(q, k, k, enable_gqa=True) == int(SDPBackend.MATH)
+    assert metrics_delta()["cpu_fallbacks"] == {}
+
+
 def test_fused_sdpa_does_not_wait_for_the_device(metrics_delta):
     # max_q/max_k are sizes the Meta kernel knows: returned without a device read.
     q = torch.randn(2, 2, 8, 4, device="tpu")

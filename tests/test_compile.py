@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import assert_same, make, run_python, tpu
+from conftest import assert_same, make, run_python, tpu, run_json
 from examples import models
 
 
@@ -691,3 +691,25 @@ def test_tensor_constants_are_program_inputs_not_graph_cuts():
     assert after["partitioned_graphs"] == before["partitioned_graphs"]
     assert after["eager_graph_fallbacks"] == before["eager_graph_fallbacks"]
     assert after["compiled_graph_runs"] - before["compiled_graph_runs"] == 2
+
+
+def test_dynamo_device_interface_is_torch_pjrts():
+    # torch 2.13 registers its own "tpu" interface (for another package), whose
+    # device_count / synchronize / current_stream raise NotImplementedError.
+    from torch._dynamo.device_interface import get_interface_for_device
+    for name in ("tpu", "tpu:1"):
+        iface = get_interface_for_device(name)
+        assert iface.device_count() == torch.tpu.device_count()
+        assert iface.is_available() and iface.current_device() == 0
+        assert iface.current_stream() == torch.tpu.current_stream()
+        assert iface.memory_allocated() == torch.tpu.memory_allocated()
+        assert iface.is_dtype_supported(torch.float16) and iface.is_dtype_supported(torch.float64)
+        assert not iface.is_dtype_supported(torch.complex32)
+        iface.synchronize()
+    assert get_interface_for_device("cpu").__name__ == "CpuInterface"  # the built-in ones stay
+    # Dynamo imported before torch_pjrt, and torch_pjrt before Dynamo.
+    for first, second in (("torch._dynamo", "torch_pjrt"), ("torch_pjrt", "torch._dynamo")):
+        out = run_json(f"import json, torch, {first}, {second}\n"
+                       "from torch._dynamo.device_interface import get_interface_for_device as get\n"
+                       "print('RESULT ' + json.dumps(get('tpu').device_count()))")
+        assert out == torch.tpu.device_count()

@@ -326,3 +326,31 @@ def test_sparse_compressed_layouts_raise_a_clear_error():
     csr = torch.eye(3).to_sparse_csr().to("tpu")
     with pytest.raises(NotImplementedError, match="sparse tensors are not supported on device tpu"):
         csr.to_dense()
+
+
+def test_set_storage_as_cpu():
+    # set_(storage, offset, size) without strides is contiguous; CPU's checks
+    # and messages for the offset, the stride length and the storage's device.
+    def both(fn):
+        want = fn("cpu")
+        got = fn("tpu")
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert got.storage_offset() == want.storage_offset()
+        assert_same(got, want)
+
+    def source(d):
+        return torch.arange(12.0, device=d).untyped_storage()
+
+    both(lambda d: torch.empty(3, 4, device=d).set_(source(d), 0, (3, 4)))
+    both(lambda d: torch.empty(0, device=d).set_(source(d), 2, (2, 3)))
+    both(lambda d: torch.empty(0, device=d).set_(source(d), 0, (2, 0, 3)))
+    both(lambda d: torch.empty(0, device=d).set_(source(d), 5, ()))
+    both(lambda d: torch.empty(0, device=d).set_(source(d), 1, (3, 2), (1, 3)))
+    for bad in ((-1, (2, 3)), (0, (2, 3), (1,))):
+        with pytest.raises(RuntimeError) as cpu_err:
+            torch.empty(0).set_(source("cpu"), *bad)
+        with pytest.raises(RuntimeError) as tpu_err:
+            torch.empty(0, device="tpu").set_(source("tpu"), *bad)
+        assert str(tpu_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
+    with pytest.raises(RuntimeError, match="different device"):
+        torch.empty(0, device="tpu").set_(source("cpu"), 0, (2, 3))

@@ -1,6 +1,6 @@
 """The torch.cuda surface scripts call, on torch.tpu and through
 torch.accelerator / torch.Event / torch.Stream: events timing device work,
-the one stream per device, allocator statistics, autocast's default dtype."""
+streams on the device's one queue, allocator statistics, autocast's default dtype."""
 import time
 
 import pytest
@@ -112,26 +112,25 @@ def test_event_checks():
     assert e.query()
 
 
-def test_streams_one_per_device():
+def test_streams_are_distinct_on_one_queue():
     s = torch.tpu.current_stream()
     assert isinstance(s, torch.Stream)
-    assert s == torch.tpu.default_stream() == torch.tpu.Stream() == torch.Stream(device="tpu")
+    assert s == torch.tpu.default_stream() == torch.accelerator.current_stream()
     assert s.device == torch.device("tpu", 0) and s.stream_id == 0
     assert torch.tpu.current_stream(1).device == torch.device("tpu", 1)
-    acc = torch.accelerator.current_stream()
-    assert acc.device.type == "tpu" and acc == s
-    torch.accelerator.set_stream(s)
     new = torch.tpu.Stream()
+    assert new != s and new != torch.Stream(device="tpu")  # a new stream each time, as CUDA's
+    torch.accelerator.set_stream(s)
     with torch.tpu.stream(new) as entered:
         assert entered is new
-        assert torch.tpu.current_stream() == new
+        assert torch.tpu.current_stream() == new == torch.accelerator.current_stream()
         x = torch.ones(4, device="tpu") * 2
+    assert torch.tpu.current_stream() == s
     with torch.tpu.stream(None):
         pass
     with torch.tpu.stream(torch.tpu.Stream(1)):
         assert torch.tpu.current_device() == 1
     assert torch.tpu.current_device() == 0
-    torch.tpu.set_stream(new)
     with pytest.raises(ValueError):
         torch.tpu.set_stream(torch.Stream(device="cpu"))
     ev = new.record_event()
@@ -144,6 +143,78 @@ def test_streams_one_per_device():
     new.synchronize()
     assert new.query() and s.query()
     assert x.cpu().tolist() == [2.0] * 4
+    torch.tpu.set_stream(new)  # makes it current until set back
+    assert torch.tpu.current_stream() == new
+    torch.tpu.set_stream(s)
+
+
+def test_generic_stream_context_switches_device_and_stream():
+    # PyTorch's `with torch.Stream(...)` switches only when the stream is not
+    # the current one: with every stream the default one, tensors made inside
+    # silently stayed on tpu:0.
+    for make in (lambda: torch.Stream(device="tpu:1"), lambda: torch.tpu.Stream(1)):
+        s = make()
+        with s:
+            assert torch.accelerator.current_device_index() == 1
+            assert torch.accelerator.current_stream(1) == s
+            y = torch.ones(2, device="tpu") + 1
+        assert y.device == torch.device("tpu", 1)
+        assert torch.accelerator.current_device_index() == 0
+        assert torch.accelerator.current_stream(1).stream_id == 0
+        assert y.cpu().tolist() == [2.0, 2.0]
+
+
+def test_bad_device_indices_raise():
+    n = torch.tpu.device_count()
+    for call in (lambda: torch.Stream(device=f"tpu:{n}"), lambda: torch.Generator(device=f"tpu:{n}"),
+                 lambda: torch.accelerator.synchronize(n)):
+        with pytest.raises(RuntimeError, match="invalid device index"):
+            call()
+    assert torch.Generator(device=f"tpu:{n - 1}").device == torch.device("tpu", n - 1)
+
+
+def test_device_capability_lists_the_dtypes_tpu_tensors_take():
+    if not hasattr(torch.accelerator, "get_device_capability"):
+        pytest.skip("torch.accelerator.get_device_capability is new in this torch")
+    dtypes = torch.accelerator.get_device_capability("tpu:0")["supported_dtypes"]
+    for dt in dtypes:
+        assert torch.zeros(2, dtype=dt).to("tpu").dtype == dt
+    assert {torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.uint64} <= dtypes
+    for dt in (torch.complex32, torch.float8_e4m3fn, torch.qint8):
+        assert dt not in dtypes
+
+
+def test_rng_state_of_all_devices():
+    states = torch.tpu.get_rng_state_all()
+    assert len(states) == torch.tpu.device_count()
+    a = [torch.rand(3, device=f"tpu:{i}").cpu() for i in range(len(states))]
+    torch.tpu.set_rng_state_all(states)
+    b = [torch.rand(3, device=f"tpu:{i}").cpu() for i in range(len(states))]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    torch.tpu.seed_all()
+    seeds = {torch.tpu.default_generator(i).initial_seed() for i in range(len(states))}
+    assert len(seeds) == 1
+
+
+def test_host_allocator_and_pinned_slices():
+    torch.ones(1, device="tpu")
+    torch.accelerator.empty_host_cache()  # crashed (no host allocator for the device)
+    p = torch.arange(10.0).pin_memory()
+    assert p.is_pinned() and p.untyped_storage()[8:].is_pinned() and p[3:].is_pinned()
+    assert not torch.arange(10.0).is_pinned()
+    assert torch.equal(p[3:].to("tpu", non_blocking=True).cpu(), torch.arange(3.0, 10.0))
+
+
+def test_legacy_autograd_profiler_times_tpu_ops():
+    from torch.autograd.profiler import profile
+    x = torch.randn(32, 32, device="tpu")
+    (x @ x).cpu()
+    with profile(use_device="tpu") as prof:
+        (x @ x + x).cpu()
+    names = {e.name for e in prof.function_events}
+    assert {"aten::mm", "aten::add"} <= names, names
+    for e in prof.function_events:
+        assert 0 <= e.cpu_time_total < 60e6 and 0 <= e.device_time_total < 60e6, (e.name, e.cpu_time_total)
 
 
 def test_synchronize_surface():

@@ -205,21 +205,23 @@ def is_bf16_supported(including_emulation=True):
 
 # ---- streams and events ----
 #
-# One stream per device: the default stream (id 0). Every Stream made is that
-# stream; stream(s) and set_stream change nothing. A device runs what is
-# launched on it in order and PJRT makes each execution wait for the buffers
-# it reads (across devices too), so wait_event / wait_stream need not wait.
-# Events mark the work launched so far on a device: an event completes when
-# that work has completed and is timed then (device time, milliseconds).
-# torch.Stream / torch.Event(device="tpu") and torch.accelerator's stream
-# calls use the same implementation (csrc/device/guard.cpp).
+# A device has one queue: it runs what is launched on it in order, and PJRT
+# makes each execution wait for the buffers it reads (across devices too), so
+# wait_event / wait_stream need not wait. Streams are PyTorch's (their own
+# ids, the default one 0, a current one per thread and device, as CUDA's), all
+# on that queue: code written for several streams runs correctly, without
+# overlap between them. Events mark the work launched so far on a device: an
+# event completes when that work has completed and is timed then (device
+# time, milliseconds). torch.Stream / torch.Event(device="tpu") and
+# torch.accelerator's stream calls use the same implementation
+# (csrc/device/guard.cpp).
 
 def _tpu_device(device):
     return torch.device("tpu", _index(device))
 
 
 class Stream(torch.Stream):
-    """torch.cuda.Stream's surface; always the device's one stream."""
+    """torch.cuda.Stream's surface: a new stream of the device (its queue)."""
 
     def __new__(cls, device=None, priority=0, **kwargs):
         if kwargs:  # torch.Stream(stream_id=..., device_index=..., device_type=...)
@@ -284,37 +286,54 @@ class Event:
         return f"torch.tpu.Event({self._event!r})"
 
 
+def _as_tpu_stream(s):
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
 def current_stream(device=None):
-    return Stream(device)
+    """The thread's current stream of the device (the default stream unless set)."""
+    return _as_tpu_stream(torch.accelerator.current_stream(_tpu_device(device)))
 
 
 def default_stream(device=None):
-    return Stream(device)
+    d = _tpu_device(device)
+    kind = torch.accelerator.current_stream(d).device_type
+    return Stream(stream_id=0, device_index=d.index, device_type=kind)
 
 
 def set_stream(stream):
-    if stream is not None and stream.device.type != "tpu":
+    """Makes `stream` current (and its device, as torch.cuda.set_stream)."""
+    if stream is None:
+        return
+    if stream.device.type != "tpu":
         raise ValueError(f"Expected a tpu stream, but got: {stream}")
+    torch.accelerator.set_stream(stream)
 
 
 class StreamContext:
-    """`with torch.tpu.stream(s):` (s may be None); also selects s's device."""
+    """`with torch.tpu.stream(s):` (s may be None): s's device and s are
+    current inside; both come back on exit."""
 
     def __init__(self, stream):
-        set_stream(stream)
+        if stream is not None and stream.device.type != "tpu":
+            raise ValueError(f"Expected a tpu stream, but got: {stream}")
         self.stream = stream
-        self._device = None
+        self._saved = None
 
     def __enter__(self):
         if self.stream is not None:
-            self._device = current_device()
-            set_device(self.stream.device_index)
+            device = current_device()
+            self._saved = (device, current_stream(device), current_stream(self.stream.device_index))
+            set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc):
-        if self._device is not None:
-            set_device(self._device)
-            self._device = None
+        if self._saved is not None:
+            device, here, there = self._saved
+            torch.accelerator.set_stream(there)
+            torch.accelerator.set_stream(here)
+            set_device(device)
+            self._saved = None
         return False
 
 
@@ -350,6 +369,22 @@ def get_rng_state(device=None):
 
 def set_rng_state(state, device=None):
     default_generator(device).set_state(state)
+
+
+def seed_all():
+    """One new random seed, set on every device (as torch.cuda.seed_all)."""
+    value = default_generator(0).seed()
+    for i in range(1, device_count()):
+        default_generator(i).manual_seed(value)
+
+
+def get_rng_state_all():
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states):
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
 
 
 def get_amp_supported_dtype():

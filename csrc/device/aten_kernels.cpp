@@ -524,7 +524,16 @@ at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
 
 at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset,
                                c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
-  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  // CPU's checks and messages (offset, size/stride lengths, devices); no
+  // stride given means contiguous, as in CPU's set_.
+  at::native::checkSetStorage(self, source, offset, size, stride, /*check_offset_in_bounds=*/false);
+  std::vector<c10::SymInt> contiguous;
+  if (!stride.data() || (stride.empty() && !size.empty())) {
+    contiguous.resize(size.size(), c10::SymInt(1));
+    for (int64_t i = static_cast<int64_t>(size.size()) - 2; i >= 0; --i)
+      contiguous[i] = contiguous[i + 1] * size[i + 1].max(c10::SymInt(1));
+    stride = contiguous;
+  }
   self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
   // As CPU's set_: a view past the storage's end grows the storage.
   if (self.numel() > 0) {

@@ -5,6 +5,7 @@
 // take (grouped-query heads, ranks other than 4) use PyTorch's math decomposition.
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
+#include <torch/library.h>
 
 namespace at::native {
 namespace {
@@ -24,5 +25,9 @@ int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const 
 }  // namespace
 
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu_sdp_choice)
+
+// torch._fused_sdp_choice on tpu tensors answers what SDPA will do on tpu
+// (without it the op ran on CPU's kernel through the fallback: CPU's choice).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_fused_sdp_choice", &tpu_sdp_choice); }
 
 }  // namespace at::native

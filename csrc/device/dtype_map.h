@@ -9,6 +9,18 @@
 
 namespace torch_pjrt::device {
 
+// The dtypes a tpu tensor can have.
+inline bool is_supported_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: case c10::kByte: case c10::kChar: case c10::kShort: case c10::kInt: case c10::kLong:
+    case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
+    case c10::kUInt16: case c10::kUInt32: case c10::kUInt64: case c10::kComplexFloat: case c10::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline lowering::DType to_dtype(c10::ScalarType t) {
   using lowering::DType;
   switch (t) {

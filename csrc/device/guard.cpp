@@ -2,18 +2,29 @@
 // streams and events PyTorch's generic torch.Stream / torch.Event (and so
 // torch.accelerator and torch.tpu.Stream / Event) go through.
 //
-// Streams: one per device, the default one (id 0). A device runs its
-// executions as PJRT orders them, and PJRT already makes every execution wait
-// for the buffers it reads (also across devices), so there is nothing for a
-// second stream or a stream wait to add: new streams are the default stream,
-// and Stream.wait_event / wait_stream (block) need not wait.
+// Streams: a device runs its executions as PJRT orders them, and PJRT
+// already makes every execution wait for the buffers it reads (also across
+// devices), so a device has one queue and Stream.wait_event / wait_stream
+// (block) need not wait. Streams still have their own ids (the default one is
+// 0; each new one another), all on that queue, and a current stream per
+// thread and device: PyTorch's stream context (`with torch.Stream(...)`)
+// switches device and stream only when the stream is not the current one.
 //
 // Events: runtime::DeviceEvent, completing when the work launched on the
 // device before the recording has completed, timed at that completion.
 #include <Python.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
+#include <vector>
+#if __has_include(<c10/core/DeviceCapability.h>)
+#include <c10/core/DeviceCapability.h>
+#define TORCH_PJRT_HAS_DEVICE_CAPABILITY 1
+#endif
+
 #include "device/current_device.h"
+#include "device/dtype_map.h"
+#include "device/event_wait.h"
 #include "eager/fused.h"
 #include "runtime/pjrt_runtime.h"
 
@@ -29,22 +40,24 @@ struct EventSlot {
 
 int stream_device(const c10::Stream& s) { return s.device_index() < 0 ? t_current_device : s.device_index(); }
 
-c10::Stream default_stream(c10::Device d) {
-  return c10::Stream(c10::Stream::DEFAULT,
-                     c10::Device(c10::DeviceType::PrivateUse1,
-                                 static_cast<c10::DeviceIndex>(d.index() < 0 ? t_current_device : d.index())));
+c10::Device tpu_device(c10::Device d) {
+  return c10::Device(c10::DeviceType::PrivateUse1,
+                     static_cast<c10::DeviceIndex>(d.index() < 0 ? t_current_device : d.index()));
 }
 
-// Waits without holding the GIL, so Python threads go on meanwhile.
-void wait_released(const runtime::DeviceEvent& e) {
-  if (e.ready()) return;
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    PyThreadState* state = PyEval_SaveThread();
-    e.wait();
-    PyEval_RestoreThread(state);
-  } else {
-    e.wait();
-  }
+c10::Stream default_stream(c10::Device d) { return c10::Stream(c10::Stream::DEFAULT, tpu_device(d)); }
+
+void check_device(int index) { runtime::Runtime::get().check_device(index); }
+
+// Current stream ids by device (0: the default stream), per thread as CUDA's.
+thread_local std::vector<c10::StreamId> t_current_stream;
+std::atomic<c10::StreamId> g_next_stream{1};
+
+c10::Stream current_stream(c10::Device d) {
+  c10::Device dev = tpu_device(d);
+  size_t i = static_cast<size_t>(dev.index());
+  c10::StreamId id = i < t_current_stream.size() ? t_current_stream[i] : 0;
+  return c10::Stream(c10::Stream::UNSAFE, dev, id);
 }
 
 struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -65,13 +78,23 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0) t_current_device = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override { return default_stream(d); }
+  c10::Stream getStream(c10::Device d) const override { return current_stream(d); }
   c10::Stream getDefaultStream(c10::Device d) const override { return default_stream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
-    return default_stream(d);
+    return getNewStream(d, 0);
   }
-  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override { return default_stream(d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return default_stream(s.device()); }
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    c10::Device dev = tpu_device(d);
+    check_device(dev.index());
+    return c10::Stream(c10::Stream::UNSAFE, dev, g_next_stream.fetch_add(1));
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream old = current_stream(s.device());
+    size_t i = static_cast<size_t>(old.device_index());
+    if (t_current_stream.size() <= i) t_current_stream.resize(i + 1, 0);
+    t_current_stream[i] = s.id();
+    return old;
+  }
   bool queryStream(const c10::Stream& s) const override { return runtime::Runtime::get().idle(stream_device(s)); }
   void synchronizeStream(const c10::Stream& s) const override {
     eager::fused_flush("synchronize");
@@ -117,10 +140,23 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     wait_released(*b->marker);
     return static_cast<double>(b->marker->time_ns() - a->marker->time_ns()) / 1e6;
   }
+#ifdef TORCH_PJRT_HAS_DEVICE_CAPABILITY
+  // The dtypes a tpu tensor can have (device/dtype_map.h).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device(tpu_device(d).index());
+    c10::DeviceCapability cap;
+#define TORCH_PJRT_SUPPORTED(_, name) \
+  cap.capability_data.supported_scalar_types.has_##name = is_supported_dtype(c10::ScalarType::name);
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(TORCH_PJRT_SUPPORTED)
+#undef TORCH_PJRT_SUPPORTED
+    return cap;
+  }
+#endif
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count());
   }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
+    check_device(index);
     runtime::Runtime::get().synchronize(index);
   }
 };
@@ -128,6 +164,17 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 C10_REGISTER_GUARD_IMPL(PrivateUse1, PjrtGuardImpl);
 
 }  // namespace
+
+void wait_released(const runtime::DeviceEvent& e) {
+  if (e.ready()) return;
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    e.wait();
+    PyEval_RestoreThread(state);
+  } else {
+    e.wait();
+  }
+}
 
 int current_device() { return t_current_device; }
 

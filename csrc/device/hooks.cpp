@@ -48,7 +48,10 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
     return default_generator(index < 0 ? current_device() : index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
-    return at::make_generator<PjrtGeneratorImpl>(index < 0 ? current_device() : index);
+    int i = index < 0 ? current_device() : index;
+    int n = device_count();
+    TORCH_CHECK(n == 0 || i < n, "torch_pjrt: invalid device index ", i, " for a generator (", n, " tpu devices)");
+    return at::make_generator<PjrtGeneratorImpl>(static_cast<c10::DeviceIndex>(i));
   }
   at::Allocator* getPinnedMemoryAllocator() const override { return pinned_memory_allocator(); }
   bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
