@@ -145,3 +145,19 @@ def test_spawn_start_method_works():
         p.join(timeout=60)
         if p.is_alive():
             p.kill()
+
+
+def test_init_in_a_forked_child_raises_and_reports_not_initialized():
+    # As torch.cuda: init() in a bad fork raises the clear error at once
+    # (it did nothing), and is_initialized() is False there.
+    def child():
+        state = (torch.tpu.is_initialized(), torch.tpu._is_in_bad_fork())
+        try:
+            torch.tpu.init()
+        except RuntimeError as e:
+            return f"{state} RAISED {e}"
+        return f"{state} no error"
+    out = fork_and_report(child)
+    assert out.startswith("(False, True) RAISED") and "forked subprocess" in out and "spawn" in out, out
+    assert torch.tpu.is_initialized()
+    torch.tpu.init()  # the parent: nothing to do

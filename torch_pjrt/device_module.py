@@ -16,7 +16,8 @@ def is_available():
 
 
 def is_initialized():
-    return _state.C is not None
+    """False in a forked child (as torch.cuda.is_initialized)."""
+    return _state.C is not None and not _is_in_bad_fork()
 
 
 def _is_in_bad_fork():
@@ -26,11 +27,14 @@ def _is_in_bad_fork():
 
 
 def _lazy_init():
-    pass
+    # The runtime starts at import; in a forked child this raises the
+    # "use the spawn start method" error, as torch.cuda's lazy init does.
+    if _is_in_bad_fork():
+        _C().check_usable()
 
 
 def init():
-    pass
+    _lazy_init()
 
 
 def device_count():

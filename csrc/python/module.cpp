@@ -154,6 +154,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("max_inflight", [] { return runtime::Runtime::get().max_inflight(); });
   m.def("set_max_inflight", [](int n) { runtime::Runtime::get().set_max_inflight(n); });
   m.def("in_bad_fork", &runtime::in_forked_child);
+  // Raises what any tpu use raises where the device cannot be used (a forked child).
+  m.def("check_usable", [] { runtime::Runtime::get(); });
   m.def("executable_cache_bounds", [] {
     auto& c = runtime::ProgramCache::get();
     return py::make_tuple(c.max_entries(), c.max_bytes());
