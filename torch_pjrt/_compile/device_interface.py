@@ -74,17 +74,10 @@ def _make_interface(base):
         def is_available():
             return tpu.is_available()
 
-        @staticmethod
-        def stream(stream):
-            return tpu.stream(stream)
-
-        @staticmethod
-        def current_stream():
-            return tpu.current_stream()
-
-        @staticmethod
-        def set_stream(stream):
-            tpu.set_stream(stream)
+        # torch.tpu's own functions (Dynamo recognizes them by identity).
+        stream = staticmethod(tpu.stream)
+        current_stream = staticmethod(tpu.current_stream)
+        set_stream = staticmethod(tpu.set_stream)
 
         @staticmethod
         def _set_stream_by_id(stream_id, device_index, device_type):
