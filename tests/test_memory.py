@@ -173,3 +173,43 @@ def test_device_figures_cuda_scripts_read():
     s = torch.tpu.memory_stats()
     for k in ("allocated_bytes", "peak_allocated_bytes", "held_by_queue_bytes", "limit_bytes", "total_bytes"):
         assert k in s
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: torch.ones(n, device="tpu"),
+    lambda n: torch.full((n,), 0.5, device="tpu"),
+    lambda n: torch.empty(n, device="tpu").uniform_(),
+    lambda n: torch.nn.init.kaiming_uniform_(torch.empty(n // 64, 64, device="tpu")),
+], ids=["ones", "full", "uniform_", "kaiming_uniform_"])
+def test_a_new_tensor_is_made_in_one_buffer(make):
+    # A storage never written enters the program as zeros made inside it, so
+    # filling a new tensor holds one buffer of its size (it was two: a zero
+    # buffer sent from the host, then the result).
+    n = 1 << 16
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    stats0 = torch.tpu.memory_stats()
+    t = make(n)
+    torch.tpu.synchronize()
+    stats1 = torch.tpu.memory_stats()
+    assert torch.tpu.max_memory_allocated() - base <= n * 4 + 64  # (+ a random op's 16-byte key)
+    assert stats1["allocated_bytes.all.freed"] - stats0["allocated_bytes.all.freed"] <= 64
+    assert t.isfinite().all().item()
+
+
+def test_never_written_storage_reads_and_partial_writes_as_zeros():
+    # Unwritten memory reads as zeros on tpu (CPU's is garbage); a partial
+    # write (a view, an out=) keeps zeros around it, with or without a cached
+    # program for the written case.
+    for _ in range(2):
+        e = torch.empty(10, device="tpu")
+        e[2:5].fill_(7.0)
+        assert e.cpu().tolist() == [0.0] * 2 + [7.0] * 3 + [0.0] * 5
+        out = torch.empty(4, 3, device="tpu")
+        torch.add(tpu(torch.ones(3)), 1, out=out[1])
+        assert out.cpu().tolist() == [[0.0] * 3, [2.0] * 3, [0.0] * 3, [0.0] * 3]
+        assert (torch.empty(5, device="tpu") + 1).cpu().tolist() == [1.0] * 5
+        w = torch.empty(6, dtype=torch.int16, device="tpu").view(torch.int32)[1:]  # reinterpreted
+        w.fill_(3)
+        assert w.cpu().tolist() == [3, 3]

@@ -335,6 +335,30 @@ void check_partial_overlap(const OpInstance& inst, const c10::FunctionSchema& sc
 }
 }  // namespace
 
+// Validated float mode: the Meta kernel raises for invalid values, as CPU
+// does; values it accepted for this plan before are not checked again (the
+// Meta check depends on the key, which the plan matched, and these values).
+void validate_floats(Plan& plan, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, OpInstance& inst) {
+  constexpr size_t kRemembered = 8;
+  std::vector<uint64_t> bits;
+  for (const ScalarInput& s : inst.scalars) {
+    if (!s.from_float_arg) continue;
+    uint64_t b;
+    std::memcpy(&b, &s.value, sizeof(b));
+    bits.push_back(b);
+  }
+  for (const auto& seen : plan.validated_floats)
+    if (seen == bits) return;
+  std::vector<Resize> unused;
+  run_meta(op, args, inst, &unused, /*dry=*/true);
+  if (plan.validated_floats.size() < kRemembered) {
+    plan.validated_floats.push_back(std::move(bits));
+  } else {
+    plan.validated_floats[plan.validated_next] = std::move(bits);
+    plan.validated_next = (plan.validated_next + 1) % kRemembered;
+  }
+}
+
 void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpStatic& st = op_static(op);
   device::DeviceLock lock;  // one op at a time on tpu storages (device_lock.h)
@@ -405,10 +429,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     if (!plan->scalar_checks.empty()) check_scalars(plan->scalar_checks, inst, display);
-    if (mode == FloatMode::Validated) {
-      std::vector<Resize> unused;
-      run_meta(op, args, inst, &unused, /*dry=*/true);  // raises for invalid values, as CPU does
-    }
+    if (mode == FloatMode::Validated) validate_floats(*plan, op, args, inst);
     for (const Resize& r : plan->resizes) {
       // PyTorch's deprecation warning for resizing a non-empty out=, on every
       // call as CPU gives it (the Meta kernel gave it when the plan was built).

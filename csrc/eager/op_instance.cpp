@@ -80,8 +80,8 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   else if (inst.device != dev) device_mismatch(tpu_name(inst.device), tpu_name(dev));
   StorageBuffer& sb = device::storage_of(t);
   DType dt = device::to_dtype(t.scalar_type());
-  // (Never written: zeros now. Owed by a fused trace: a value of the trace.)
-  if (!pure_output && t.numel() > 0 && sb.pending < 0) device::ensure_buffer(sb, dt);
+  // (Never written: no buffer, zeros inside the program, keyed by the -1
+  // below. Owed by a fused trace: a value of the trace.)
   int storage = -1;
   for (size_t i = 0; i < inst.storages.size(); ++i)
     if (inst.storages[i] == &sb) storage = static_cast<int>(i);

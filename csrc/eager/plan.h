@@ -67,6 +67,12 @@ struct Plan {
   // Runtime float arguments CPU's kernel converts with an overflow check:
   // checked on every call (cpu_check.h).
   std::vector<ScalarCheck> scalar_checks;
+  // Validated float mode: float argument values the Meta kernel has accepted
+  // for this plan (bit patterns; a few, most recent replacing the oldest), so
+  // a call repeating them (normal_(0, 1) each step) skips the Meta run. Read
+  // and written under the device lock.
+  std::vector<std::vector<uint64_t>> validated_floats;
+  size_t validated_next = 0;
   std::vector<std::string> warnings;  // the lowering's (LoweringContext::warn), given per call
   std::vector<std::string> warnings_once;  // (LoweringContext::warn_once), once per process
 };

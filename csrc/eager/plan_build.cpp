@@ -264,18 +264,27 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   };
 
   std::vector<std::optional<Value>> storage_param(inst.storages.size());
-  auto param_for = [&](int storage) -> Value {
+  // A storage never written (no buffer, owed by no trace; keyed apart in
+  // op_instance.cpp) is zeros made inside the program: no zero buffer is
+  // sent or kept for it, so an op that overwrites a new tensor (ones, a
+  // random init on empty) holds one buffer of its size, not two.
+  auto param_for = [&](int storage, DType dt) -> Value {
     if (!storage_param[storage]) {
       StorageBuffer* sb = inst.storages[storage];
-      storage_param[storage] = b.param(TensorType{sb->dtype, {sb->numel()}});
-      plan->params.push_back(ParamSource{ParamSource::Storage, storage, sb->dtype});
+      if (!sb->buffer && sb->pending < 0) {
+        DType zd = sb->nbytes % lowering::itemsize(dt) == 0 ? dt : DType::U8;
+        storage_param[storage] = b.zeros(TensorType{zd, {static_cast<int64_t>(sb->nbytes) / lowering::itemsize(zd)}});
+      } else {
+        storage_param[storage] = b.param(TensorType{sb->dtype, {sb->numel()}});
+        plan->params.push_back(ParamSource{ParamSource::Storage, storage, sb->dtype});
+      }
     }
     return *storage_param[storage];
   };
   auto read_slot = [&](const Slot& s) -> Value {
     DType dt = device::to_dtype(s.tensor.scalar_type());
     if (s.tensor.numel() == 0) return b.zeros(TensorType{dt, s.tensor.sizes().vec()});
-    Value flat = lowering::reinterpret_flat(b, param_for(s.storage), dt);
+    Value flat = lowering::reinterpret_flat(b, param_for(s.storage, dt), dt);
     return lowering::read_strided(b, flat, view_of(s.tensor), offset_of(s));
   };
 
@@ -444,9 +453,8 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
         sb->nbytes % lowering::itemsize(dt) == 0) {
       flat = b.reshape(res, {storage_numel});
     } else {
-      // Never written: zeros give the partial write a base.
-      if (!storage_value[s.storage] && !sb->buffer) device::ensure_buffer(*sb, dt);
-      Value base = storage_value[s.storage] ? *storage_value[s.storage] : param_for(s.storage);
+      // (Never written: zeros give the partial write a base.)
+      Value base = storage_value[s.storage] ? *storage_value[s.storage] : param_for(s.storage, dt);
       flat = lowering::write_strided(b, lowering::reinterpret_flat(b, base, dt), res, view, offset_of(s));
     }
     storage_value[s.storage] = flat;
