@@ -354,3 +354,20 @@ def test_set_storage_as_cpu():
         assert str(tpu_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
     with pytest.raises(RuntimeError, match="different device"):
         torch.empty(0, device="tpu").set_(source("cpu"), 0, (2, 3))
+
+
+def test_functional_copy_takes_cpu_data_as_cuda_does():
+    # aten.copy (functionalized copy_) between tpu and CPU tensors: PyTorch's
+    # own composite kernel (clone + copy_) moves the data, as on CUDA; other
+    # routed ops with CPU data still raise CUDA's mixed-device error.
+    a = torch.arange(6.0).reshape(2, 3)
+    t = tpu(a)
+    r = torch.ops.aten.copy(t, a * 2)
+    assert r.device == t.device and torch.equal(r.cpu(), a * 2)
+    r = torch.ops.aten.copy(a, t * 3)
+    assert r.device.type == "cpu" and torch.equal(r, a * 3)
+    out = torch.func.functionalize(lambda d, s: d.copy_(s))(t.clone(), a + 1)
+    assert torch.equal(out.cpu(), a + 1)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.add(t, a)
+    assert torch.equal(torch.mul(t, torch.tensor(2.0)).cpu(), a * 2)  # a CPU scalar is fine

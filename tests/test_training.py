@@ -31,3 +31,35 @@ def test_training_on_second_device_matches_first(metrics_delta):
     second = models.train("cnn", "tpu:1", 3)
     assert second == pytest.approx(first, abs=1e-6)
     assert metrics_delta()["cpu_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non_reentrant", "sequential"])
+def test_activation_checkpointing_with_dropout_recomputes_the_same_mask(mode):
+    # torch.utils.checkpoint saves the device's RNG state only if
+    # torch.tpu._initialized: without it the recomputed dropout drew another
+    # mask, and the gradients were silently wrong (HF gradient checkpointing).
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 16), torch.nn.Dropout(0.3)).to("tpu")
+    x = torch.randn(8, 16, device="tpu")
+
+    def run(ckpt):
+        torch.tpu.manual_seed(1234)
+        xi = x.clone().requires_grad_()
+        if not ckpt:
+            y = net(xi)
+        elif mode == "sequential":
+            y = checkpoint_sequential(net, 2, xi, use_reentrant=False)
+        else:
+            y = checkpoint(net, xi, use_reentrant=mode == "reentrant")
+        (y * torch.arange(16.0, device="tpu")).sum().backward()
+        grads = [xi.grad] + [p.grad.clone() for p in net.parameters()]
+        net.zero_grad()
+        return y.detach().cpu(), [g.cpu() for g in grads]
+
+    y0, g0 = run(False)
+    y1, g1 = run(True)
+    assert torch.equal(y0, y1)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

@@ -20,6 +20,15 @@ def is_initialized():
     return _state.C is not None and not _is_in_bad_fork()
 
 
+def __getattr__(name):
+    # torch.utils.checkpoint saves and restores a device's RNG state only if
+    # `device_module._initialized` (torch.cuda's flag): without it dropout in a
+    # checkpointed region got another mask when recomputed (wrong gradients).
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
 def _is_in_bad_fork():
     """True in a child made by fork() after the parent started the PJRT client:
     tpu use raises there (use the spawn start method). torch.manual_seed asks."""

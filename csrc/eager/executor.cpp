@@ -284,7 +284,23 @@ struct OpStatic {
   bool self_apart_from_inputs = false;
   const lowering::LoweringInfo* info = nullptr;
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
+  // A composite op routed here (lowering_routes.cpp): its PyTorch kernel.
+  std::optional<c10::DispatchKey> composite;
 };
+
+// A CPU tensor that is not a scalar among the arguments.
+bool has_cpu_tensor(c10::ArrayRef<c10::IValue> args) {
+  auto is_cpu = [](const c10::IValue& v) {
+    return v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu() && v.toTensor().dim() > 0;
+  };
+  for (const c10::IValue& v : args) {
+    if (is_cpu(v)) return true;
+    if (v.isTensorList() || v.isList())
+      for (const c10::IValue& e : v.toListRef())
+        if (is_cpu(e)) return true;
+  }
+  return false;
+}
 
 OpStatic& op_static(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpStatic>> known;
@@ -306,6 +322,8 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   }
   st->display = op_display_name(schema);
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
+  for (auto key : {c10::DispatchKey::CompositeExplicitAutograd, c10::DispatchKey::CompositeExplicitAutogradNonFunctional})
+    if (!st->composite && op.hasKernelForDispatchKey(key)) st->composite = key;
   // An overload whose Meta kernel PyTorch got wrong, so no plan can be made,
   // takes the CPU fallback (torch 2.13: bucketize.Scalar's Python meta
   // function has no out= argument).
@@ -365,6 +383,12 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   const auto& schema = op.schema();
   size_t nargs = schema.arguments().size();
   auto args = torch::jit::last(*stack, nargs);
+  // A routed composite op given CPU data (copy(tpu, cpu), as CUDA takes it):
+  // PyTorch's composite kernel moves it, or raises CUDA's mixed-device error.
+  if (st.composite && !st.foreach && has_cpu_tensor(args)) {
+    op.callBoxedForDispatchKey(*st.composite, *stack);
+    return;
+  }
 
   const std::string& base = st.base;
   const std::string& lookup_overload = st.lookup_overload;
