@@ -299,12 +299,35 @@ def test_sparse_gradients_raise_a_clear_not_implemented_error():
     assert dense.weight.grad.cpu()[7].tolist() == [1.0, 1.0, 1.0]
 
 
-def test_legacy_save_format_raises_a_clear_error():
-    # torch.save's pre-zip format reads storages through at::from_blob over
-    # their address, which on tpu names no memory: a clear error, not a
-    # crash or a read of garbage.
-    with pytest.raises(RuntimeError, match="_use_new_zipfile_serialization=False"):
-        torch.save(tpu(torch.arange(4.0)), io.BytesIO(), _use_new_zipfile_serialization=False)
+def test_pickle_and_the_legacy_save_format_round_trip():
+    # pickle.dumps (Storage.__reduce__) and torch.save's pre-zip format write
+    # and read storages through at::from_blob at their address, which on tpu
+    # names no memory: they raised. Now through a CPU copy (_legacy_save.py),
+    # keeping views, shared storages, dtypes, Parameters and the device.
+    import pickle
+    t = tpu(torch.arange(6.0).reshape(2, 3))
+    v = t[:, 1:]
+    r = pickle.loads(pickle.dumps(v))
+    assert r.device == v.device and r.stride() == v.stride() and r.storage_offset() == 1
+    assert_same(r, v.cpu())
+    m = torch.nn.Linear(3, 2).to("tpu")
+    m2 = pickle.loads(pickle.dumps(m))
+    assert m2.weight.device.type == "tpu" and isinstance(m2.weight, torch.nn.Parameter)
+    assert_same(m2.weight, m.weight.detach().cpu())
+    for dtype in (torch.bfloat16, torch.int64, torch.bool):
+        x = tpu(make((5,), dtype, seed=3))
+        assert_same(pickle.loads(pickle.dumps(x)), x.cpu())
+    b = io.BytesIO()
+    torch.save({"a": t, "b": v}, b, _use_new_zipfile_serialization=False)
+    b.seek(0)
+    d = torch.load(b, weights_only=False)
+    assert d["a"].device == t.device and d["b"].untyped_storage().data_ptr() == d["a"].untyped_storage().data_ptr()
+    assert_same(d["b"], v.cpu())
+    b.seek(0)
+    assert torch.load(b, map_location="cpu", weights_only=False)["a"].device.type == "cpu"
+    # from_blob over a tpu address still names no memory: a clear error.
+    with pytest.raises(RuntimeError, match="from_blob"):
+        torch.UntypedStorage._write_file.__wrapped__(t.untyped_storage(), io.BytesIO(), False, True, 4)
 
 
 def test_dlpack_export_is_refused_at_the_export():

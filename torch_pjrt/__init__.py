@@ -120,6 +120,8 @@ if _autoload_error is None:
     _distributed.register()  # init_process_group(backend="tpu")
     from ._compile import device_interface as _device_interface  # noqa: E402
     _device_interface.install()  # Dynamo's device interface for "tpu", once Dynamo is imported
+    from . import _legacy_save  # noqa: E402
+    _legacy_save.install()  # pickle.dumps / legacy torch.save and load of tpu tensors, through a CPU copy
     from . import _dlpack  # noqa: E402
     _dlpack.install()  # DLPack export of tpu tensors: a BufferError, not a capsule of a handle
 

@@ -139,13 +139,13 @@ c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
 StorageBuffer& storage_of(const c10::Storage& s) {
   void* ctx = s.data_ptr().get_context();
   if (ctx && s.data_ptr().get_deleter() == &delete_storage) return *static_cast<StorageBuffer*>(ctx);
-  // A tensor made by at::from_blob over a tpu storage's (fake) address, as
-  // torch.save's legacy format does: the address names no memory to read.
+  // A tensor made by at::from_blob over a tpu storage's (fake) address: the
+  // address names no memory to read. (PyTorch's legacy serialization, which
+  // does this, goes through a CPU copy: torch_pjrt/_legacy_save.py.)
   auto addr = reinterpret_cast<uint64_t>(s.data_ptr().get());
   TORCH_CHECK(!(addr >= kFirstAddress && addr < g_next_address.load()),
-              "torch_pjrt: a tensor made from the address of a tpu storage (from_blob, or torch.save with "
-              "_use_new_zipfile_serialization=False) has no memory behind it on tpu: save in the default "
-              "zip format, or move the tensors to the CPU first");
+              "torch_pjrt: a tensor made from the address of a tpu storage (from_blob) has no memory "
+              "behind it on tpu: copy the tensor to the CPU first");
   TORCH_CHECK(false, "torch_pjrt: tensor storage was not allocated by the tpu allocator");
 }
 
