@@ -325,3 +325,19 @@ def test_fast_path_pieces_match_cpu(dtype, no_cpu_fallback):
     for use_gelu in (False, True):
         want = torch._addmm_activation(c, a, w, beta=0.5, alpha=2, use_gelu=use_gelu)
         assert_same(torch._addmm_activation(tpu(c), tpu(a), tpu(w), beta=0.5, alpha=2, use_gelu=use_gelu), want)
+
+
+def test_sdpa_kernel_math_and_vmap_take_the_math_path():
+    # sdpa_kernel([MATH]) turns the fused kernel off, and under vmap the fused
+    # op has no batching rule ("Batching rule not implemented"): both take the
+    # math decomposition, which matches CPU.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    F = torch.nn.functional
+    q, k, v = (make((3, 2, 4, 8, 16), seed=s) for s in range(3))
+    want = torch.vmap(F.scaled_dot_product_attention)(q, k, v)
+    qt, kt, vt = tpu((q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert torch._fused_sdp_choice(qt[0], kt[0], vt[0]) == int(SDPBackend.MATH)
+        assert_same(F.scaled_dot_product_attention(qt[0], kt[0], vt[0]), F.scaled_dot_product_attention(q[0], k[0], v[0]))
+    assert torch._fused_sdp_choice(qt[0], kt[0], vt[0]) == int(SDPBackend.OVERRIDEABLE)
+    assert_same(torch.vmap(F.scaled_dot_product_attention)(qt, kt, vt), want)

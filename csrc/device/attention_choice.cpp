@@ -3,6 +3,7 @@
 // _scaled_dot_product_fused_attention_overrideable (and its backward), which
 // lower to one program each (ops/attention.cpp). Shapes that lowering does not
 // take (grouped-query heads, ranks other than 4) use PyTorch's math decomposition.
+#include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
@@ -12,7 +13,13 @@ namespace {
 
 int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
                        double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  bool fused = !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
+  // The math path where the user turned the overrideable kernel off
+  // (sdpa_kernel([SDPBackend.MATH])) and under vmap (the fused op has no
+  // batching rule; the math decomposition batches).
+  bool batched = q.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+                 k.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+                 v.key_set().has(c10::DispatchKey::FuncTorchBatched);
+  bool fused = at::globalContext().userEnabledOverrideableSDP() && !batched && !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
                at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
                v.scalar_type() == q.scalar_type() && !(is_causal && mask.has_value() && mask->defined());
   // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only.) Symbolic
