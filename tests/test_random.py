@@ -424,3 +424,51 @@ def test_values_checked_once_are_still_checked_for_new_values(call, bad_values):
         cpu_words = str(cpu_err.value).split(",")[0].split("(")[0].strip()
         assert cpu_words.split()[-1] in str(tpu_err.value), (cpu_err.value, tpu_err.value)
     assert t.isfinite().all().item()
+
+
+# ---- random ops that run on the CPU fallback ------------------------------------------------
+
+FALLBACK_RANDOM = {
+    "cauchy_": lambda d, g: torch.zeros(64, device=d).cauchy_(generator=g),
+    "geometric_": lambda d, g: torch.zeros(64, device=d).geometric_(0.3, generator=g),
+    "log_normal_": lambda d, g: torch.zeros(64, device=d).log_normal_(generator=g),
+    "poisson": lambda d, g: torch.poisson(torch.full((64,), 3.0, device=d), generator=g),
+    "binomial": lambda d, g: torch.binomial(torch.full((64,), 9.0, device=d),
+                                            torch.full((64,), 0.4, device=d), generator=g),
+    "randperm": lambda d, g: torch.randperm(50, device=d, generator=g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FALLBACK_RANDOM))
+def test_fallback_random_op_takes_a_tpu_generator(name):
+    # CPU kernels take only CPU generators; the fallback runs them from the tpu
+    # generator's state (CPU's engine), so a seed gives CPU's own numbers.
+    call = FALLBACK_RANDOM[name]
+    g = torch.Generator(device="tpu").manual_seed(11)
+    first = call("tpu", g).cpu()
+    second = call("tpu", g).cpu()
+    want = call("cpu", torch.Generator().manual_seed(11))
+    torch.testing.assert_close(first, want, rtol=0, atol=0)
+    assert not torch.equal(first, second)  # the tpu generator advanced
+    g.manual_seed(11)
+    assert torch.equal(call("tpu", g).cpu(), first)
+
+
+@pytest.mark.parametrize("name", ["cauchy_", "randperm"])
+def test_fallback_random_op_follows_tpu_manual_seed(name):
+    call = FALLBACK_RANDOM[name]
+    torch.tpu.manual_seed(5)
+    a = call("tpu", None).cpu()
+    torch.manual_seed(123)  # CPU's generator alone is reseeded; tpu's keeps its place
+    torch.tpu.manual_seed(5)
+    assert torch.equal(call("tpu", None).cpu(), a)
+
+
+def test_lowered_random_ops_take_a_tpu_generator():
+    # exponential_'s meta check is PyTorch's Python ref, which refuses generators.
+    for call in (lambda g: torch.zeros(32, device="tpu").exponential_(2.0, generator=g),
+                 lambda g: torch.zeros(32, device="tpu").uniform_(generator=g)):
+        a = call(torch.Generator(device="tpu").manual_seed(3)).cpu()
+        b = call(torch.Generator(device="tpu").manual_seed(3)).cpu()
+        c = call(torch.Generator(device="tpu").manual_seed(4)).cpu()
+        assert torch.equal(a, b) and not torch.equal(a, c)

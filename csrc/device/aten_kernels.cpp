@@ -114,6 +114,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   bool dst_tpu = self.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
   auto& rt = runtime::Runtime::get();
+  // As ATen's copy_impl: a ZeroTensor (from autograd's and functorch's
+  // efficient zeros, run on the CPU) has no data, not even a pointer.
+  TORCH_CHECK(!self._is_zerotensor(), "ZeroTensors are immutable. Please materialize the tensor using `.clone()`, "
+              "if you want a mutable zero tensor.");
+  if (src._is_zerotensor()) return self.zero_();
   if (self.numel() == 0) {
     // A read of nothing still reports a failed device-side check of the work
     // before it (an out-of-range index into an empty tensor), as a read of
@@ -558,6 +563,15 @@ at::Tensor& set_storage_only(at::Tensor& self, c10::Storage source) {
   return set_source_storage(self, std::move(source), c10::SymInt(0), size, stride);
 }
 
+// Autograd's and functorch's "efficient" zeros: a dense tpu zero tensor
+// (made inside its consumer's program, see param_for). CPU's kernel would
+// make a data-less ZeroTensor on the host, copied over and warned about.
+at::Tensor efficient_zeros(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                           std::optional<at::Layout> layout, std::optional<at::Device> device,
+                           std::optional<bool> pin_memory) {
+  return at::zeros_symint(size, at::TensorOptions().dtype(dtype).layout(layout).device(device));
+}
+
 at::Tensor& set_empty(at::Tensor& self) {
   c10::Storage s(c10::Storage::use_byte_size_t(), 0, allocator(), true);
   return set_storage_only(self, s);
@@ -606,6 +620,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_.source_Storage", set_storage_only);
   m.impl("set_", set_empty);
+  m.impl("_efficientzerotensor", efficient_zeros);
   m.impl("is_set_to", at::native::is_set_to);  // (the CPU fallback compared host copies)
 }
 

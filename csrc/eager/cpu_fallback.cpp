@@ -2,12 +2,16 @@
 // and are counted; TORCH_PJRT_FALLBACK=error makes them NotImplementedError.
 #include "eager/cpu_fallback.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <vector>
 #include <optional>
 
+#include "device/current_device.h"
+#include "device/generator.h"
 #include "eager/cpu_threads.h"
 #include "eager/env.h"
 #include "eager/fused.h"
@@ -24,6 +28,65 @@ bool fallback_is_error() {
   static bool error = env_choice("TORCH_PJRT_FALLBACK", "cpu", {"cpu", "error"}) == "error";
   return error;
 }
+
+bool is_generator_arg(const c10::Argument& a) {
+  c10::TypePtr t = a.type();
+  if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+  return t->kind() == c10::TypeKind::GeneratorType;
+}
+
+// The tpu device a fallback op works on: its first tpu tensor, else its
+// device= argument (randperm), else the current device.
+int fallback_device(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1)
+      return v.toTensor().device().index();
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1 && v.toDevice().has_index())
+      return v.toDevice().index();
+  }
+  return device::current_device();
+}
+
+// CPU kernels take CPU generators only. A random op run here draws from the
+// tpu generator it was given, or from its device's default one (so that
+// torch.tpu.manual_seed governs it, as it does lowered random ops): a CPU
+// generator runs the kernel from that generator's state, which is written
+// back after. (The tpu generator has CPU's engine and state format:
+// device/hooks.cpp; so the numbers are CPU's for the same seed.)
+class TpuGeneratorsOnCpu {
+ public:
+  TpuGeneratorsOnCpu(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+    const auto& sargs = schema.arguments();
+    size_t base = stack->size() - sargs.size();
+    for (size_t i = 0; i < sargs.size(); ++i) {
+      if (!is_generator_arg(sargs[i])) continue;
+      c10::IValue& v = (*stack)[base + i];
+      at::Generator tpu;
+      if (v.isGenerator() && v.toGenerator().defined()) {
+        tpu = v.toGenerator();
+        if (tpu.device().type() != c10::DeviceType::PrivateUse1) continue;  // the kernel's own check
+      } else {
+        tpu = device::default_generator(fallback_device(torch::jit::last(*stack, sargs.size())));
+      }
+      at::Generator cpu = at::detail::createCPUGenerator();
+      {
+        std::lock_guard<std::mutex> lock(tpu.mutex());
+        cpu.set_state(tpu.get_state());
+      }
+      pairs_.emplace_back(tpu, cpu);
+      v = cpu;
+    }
+  }
+  ~TpuGeneratorsOnCpu() {
+    for (auto& [tpu, cpu] : pairs_) {
+      std::lock_guard<std::mutex> lock(tpu.mutex());
+      tpu.set_state(cpu.get_state());
+    }
+  }
+
+ private:
+  std::vector<std::pair<at::Generator, at::Generator>> pairs_;
+};
 
 }  // namespace
 
@@ -106,7 +169,10 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     bits.emplace_back(t, t.resolve_conj().resolve_neg());
     v = bits.back().second;
   }
-  at::native::cpu_fallback(op, stack);
+  {
+    TpuGeneratorsOnCpu generators(op.schema(), stack);
+    at::native::cpu_fallback(op, stack);
+  }
   // A sparse result (to_sparse_csr and the other compressed layouts reach
   // here: COO is refused at its own constructor, device/sparse.cpp).
   for (size_t r = stack->size() - op.schema().returns().size(); r < stack->size(); ++r) {

@@ -74,6 +74,8 @@ c10::IValue to_meta(const c10::IValue& v) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   };
   if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
+  // Meta kernels draw nothing; PyTorch's Python refs refuse any generator.
+  if (v.isGenerator()) return c10::IValue();
   return map_tensors(v, conv);
 }
 
