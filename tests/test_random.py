@@ -472,3 +472,21 @@ def test_lowered_random_ops_take_a_tpu_generator():
         b = call(torch.Generator(device="tpu").manual_seed(3)).cpu()
         c = call(torch.Generator(device="tpu").manual_seed(4)).cpu()
         assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_distributions_sampled_on_the_fallback_reproduce_cpu_after_manual_seed():
+    # _standard_gamma, _sample_dirichlet and poisson run on the CPU from the tpu
+    # generator, which torch.manual_seed seeds as CPU's: the same draws.
+    import torch.distributions as D
+    out = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        a = torch.tensor([2.0, 3.0], device=dev, requires_grad=True)
+        x = D.Gamma(a, torch.ones(2, device=dev)).rsample((5,))
+        x.sum().backward()
+        y = D.Dirichlet(torch.tensor([1.0, 2.0, 3.0], device=dev)).sample((3,))
+        z = D.Poisson(torch.tensor([3.0, 4.0], device=dev)).sample((3,))
+        out[dev] = [x.detach(), a.grad, y, z]
+    for t, c in zip(out["tpu"], out["cpu"]):
+        assert t.device.type == "tpu"
+        torch.testing.assert_close(t.cpu(), c, rtol=1e-5, atol=1e-5)
