@@ -351,6 +351,18 @@ def test_sparse_compressed_layouts_raise_a_clear_error():
         csr.to_dense()
 
 
+def test_quantized_tensors_raise_a_clear_error():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized creation is deprecated in PyTorch
+        q = torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8)
+        for make in (lambda: q.to("tpu"), lambda: torch.empty(2, dtype=torch.qint8, device="tpu"),
+                     lambda: torch.quantize_per_tensor(tpu(torch.randn(3)), 0.1, 0, torch.quint8)):
+            with pytest.raises(NotImplementedError, match="quantized tensors are not supported on device tpu"):
+                make()
+    assert torch.equal(q.dequantize().to("tpu").cpu(), q.dequantize())
+
+
 def test_set_storage_as_cpu():
     # set_(storage, offset, size) without strides is contiguous; CPU's checks
     # and messages for the offset, the stride length and the storage's device.
