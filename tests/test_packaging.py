@@ -136,3 +136,19 @@ def test_import_quiet_with_empty_log_level_and_loud_when_asked(tmp_path):
             tmp_path, TF_CPP_MIN_LOG_LEVEL="0")
     assert r.returncode == 0 and "1.0 '0'" in r.stdout
     assert "cpu_device_count" in r.stderr  # the user asked for XLA's info lines
+
+
+def test_compile_backend_without_the_dist_info(tmp_path):
+    # The package on a bare PYTHONPATH (no dist-info, so no entry point): the
+    # "tpu" Dynamo backend is still there once Dynamo is imported, before or
+    # after torch_pjrt (transformers compiles tpu decoding with backend="tpu").
+    import shutil
+    shutil.copytree(os.path.join(ROOT, "torch_pjrt"), tmp_path / "pkg" / "torch_pjrt")
+    build = os.environ.get("TORCH_PJRT_BUILD_DIR", os.path.join(ROOT, "build"))
+    for first in ("import torch_pjrt, torch._dynamo", "import torch._dynamo, torch_pjrt"):
+        r = run(first + "\nimport torch\n"
+                "f = torch.compile(lambda x: x * 2, backend='tpu')\n"
+                "print(f(torch.ones(2, device='tpu')).cpu().tolist())\n", tmp_path,
+                PYTHONPATH=str(tmp_path / "pkg"), TORCH_PJRT_BUILD_DIR=build, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "[2.0, 2.0]" in r.stdout

@@ -125,11 +125,12 @@ if _autoload_error is None:
     from . import _dlpack  # noqa: E402
     _dlpack.install()  # DLPack export of tpu tensors: a BufferError, not a capsule of a handle
 
-    # torch.compile(backend="tpu") finds the backend through the entry point in
-    # torch_pjrt-0.1.0.dist-info (next to this package), so importing torch_pjrt
-    # does not import Dynamo (~1 s); if Dynamo is already loaded, register now.
-    if "torch._dynamo" in sys.modules:
-        _compile.register()
+    # torch.compile(backend="tpu"): registered when Dynamo is imported (now, if
+    # it is loaded), so importing torch_pjrt does not import Dynamo (~1 s). The
+    # entry point in torch_pjrt-0.1.0.dist-info finds it too; a bare PYTHONPATH
+    # has no dist-info (transformers compiles tpu decoding with backend="tpu").
+    from .integrations import _hooks  # noqa: E402
+    _hooks.when_imported("torch._dynamo", lambda _module: _compile.register())
 
 
 @atexit.register
