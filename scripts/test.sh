@@ -27,7 +27,7 @@ FUSED_FILES=(
   tests/test_memory.py tests/test_attention.py tests/test_sort_scan.py tests/test_upsample_pad.py
   tests/test_pointwise_ternary.py tests/test_fallback.py tests/test_device_checks.py tests/test_fused_eager.py
   tests/test_capture_step.py tests/test_math_more.py tests/test_lu.py tests/test_embedding_bag.py tests/test_foreach.py
-  tests/test_nested.py
+  tests/test_nested.py tests/test_float8.py tests/test_functorch.py
 )
 echo "== the core test files again, fused eager (TORCH_PJRT_EAGER=fused) =="
 TORCH_PJRT_EAGER=fused "$PY" -m pytest "${FUSED_FILES[@]}" -q -p no:cacheprovider "${PAR[@]}"

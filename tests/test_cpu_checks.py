@@ -313,8 +313,8 @@ def test_a_dtype_the_device_lacks_is_named_through_python_operators():
     c = torch.tensor(1, dtype=torch.complex64, device="tpu")  # float16 + complex64 is ComplexHalf
     with pytest.raises(NotImplementedError, match="ComplexHalf is not supported on device tpu"):
         a + c
-    with pytest.raises(NotImplementedError, match="Float8_e5m2 is not supported on device tpu"):
-        torch.ones(2, dtype=torch.float8_e5m2).to("tpu")
+    with pytest.raises(NotImplementedError, match="Float8_e8m0fnu is not supported on device tpu"):
+        torch.ones(2, dtype=torch.float8_e8m0fnu).to("tpu")
 
 
 @pytest.mark.parametrize("fused", [False, True])

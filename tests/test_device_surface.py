@@ -179,8 +179,9 @@ def test_device_capability_lists_the_dtypes_tpu_tensors_take():
     dtypes = torch.accelerator.get_device_capability("tpu:0")["supported_dtypes"]
     for dt in dtypes:
         assert torch.zeros(2, dtype=dt).to("tpu").dtype == dt
-    assert {torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.uint64} <= dtypes
-    for dt in (torch.complex32, torch.float8_e4m3fn, torch.qint8):
+    assert {torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.uint64, torch.float8_e4m3fn,
+            torch.float8_e5m2} <= dtypes
+    for dt in (torch.complex32, torch.float8_e8m0fnu, torch.qint8):
         assert dt not in dtypes
 
 

@@ -15,6 +15,7 @@ inline bool is_supported_dtype(c10::ScalarType t) {
     case c10::kBool: case c10::kByte: case c10::kChar: case c10::kShort: case c10::kInt: case c10::kLong:
     case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
     case c10::kUInt16: case c10::kUInt32: case c10::kUInt64: case c10::kComplexFloat: case c10::kComplexDouble:
+    case c10::kFloat8_e4m3fn: case c10::kFloat8_e5m2: case c10::kFloat8_e4m3fnuz: case c10::kFloat8_e5m2fnuz:
       return true;
     default:
       return false;
@@ -39,6 +40,10 @@ inline lowering::DType to_dtype(c10::ScalarType t) {
     case c10::kUInt64: return DType::U64;
     case c10::kComplexFloat: return DType::C64;
     case c10::kComplexDouble: return DType::C128;
+    case c10::kFloat8_e4m3fn: return DType::F8E4M3FN;
+    case c10::kFloat8_e5m2: return DType::F8E5M2;
+    case c10::kFloat8_e4m3fnuz: return DType::F8E4M3FNUZ;
+    case c10::kFloat8_e5m2fnuz: return DType::F8E5M2FNUZ;
     default:
       // NotImplementedError, as a CPU kernel without the dtype: a TypeError
       // would become NotImplemented in Tensor.__add__ and friends, and Python
@@ -65,6 +70,10 @@ inline c10::ScalarType to_scalar_type(lowering::DType t) {
     case DType::U64: return c10::kUInt64;
     case DType::C64: return c10::kComplexFloat;
     case DType::C128: return c10::kComplexDouble;
+    case DType::F8E4M3FN: return c10::kFloat8_e4m3fn;
+    case DType::F8E5M2: return c10::kFloat8_e5m2;
+    case DType::F8E4M3FNUZ: return c10::kFloat8_e4m3fnuz;
+    case DType::F8E5M2FNUZ: return c10::kFloat8_e5m2fnuz;
   }
   return c10::kFloat;
 }
@@ -87,6 +96,10 @@ inline PJRT_Buffer_Type to_pjrt(lowering::DType t) {
     case DType::U64: return PJRT_Buffer_Type_U64;
     case DType::C64: return PJRT_Buffer_Type_C64;
     case DType::C128: return PJRT_Buffer_Type_C128;
+    case DType::F8E4M3FN: return PJRT_Buffer_Type_F8E4M3FN;
+    case DType::F8E5M2: return PJRT_Buffer_Type_F8E5M2;
+    case DType::F8E4M3FNUZ: return PJRT_Buffer_Type_F8E4M3FNUZ;
+    case DType::F8E5M2FNUZ: return PJRT_Buffer_Type_F8E5M2FNUZ;
   }
   return PJRT_Buffer_Type_INVALID;
 }

@@ -233,6 +233,8 @@ const std::vector<std::pair<std::string, c10::ScalarType>>& checked_names() {
 #define NAME_OF(type, name) {#type, c10::ScalarType::name},
       AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(NAME_OF)
 #undef NAME_OF
+      {"c10::Float8_e4m3fn", c10::kFloat8_e4m3fn},     {"c10::Float8_e5m2", c10::kFloat8_e5m2},
+      {"c10::Float8_e4m3fnuz", c10::kFloat8_e4m3fnuz}, {"c10::Float8_e5m2fnuz", c10::kFloat8_e5m2fnuz},
   };
   return names;
 }
@@ -246,13 +248,19 @@ std::pair<double, double> range_of() {
 bool overflows(double v, c10::ScalarType t) {
   if (t == c10::kBool || t == c10::kDouble || t == c10::kComplexDouble) return false;
   bool floating = c10::isFloatingType(t) || c10::isComplexType(t);
-  if (floating && (std::isinf(v) || std::isnan(v))) return false;
+  // (float8_e4m3fn and the fnuz types have no infinity: inf overflows them.)
+  bool has_inf = t != c10::kFloat8_e4m3fn && t != c10::kFloat8_e4m3fnuz && t != c10::kFloat8_e5m2fnuz;
+  if (floating && (std::isnan(v) || (std::isinf(v) && has_inf))) return false;
   if (std::isnan(v)) return true;
   std::pair<double, double> r;
   switch (c10::isComplexType(t) ? c10::toRealValueType(t) : t) {
 #define RANGE_OF(type, name) \
   case c10::ScalarType::name: r = range_of<type>(); break;
     AT_FORALL_SCALAR_TYPES_AND3(Bool, Half, BFloat16, RANGE_OF)
+    RANGE_OF(c10::Float8_e4m3fn, Float8_e4m3fn)
+    RANGE_OF(c10::Float8_e5m2, Float8_e5m2)
+    RANGE_OF(c10::Float8_e4m3fnuz, Float8_e4m3fnuz)
+    RANGE_OF(c10::Float8_e5m2fnuz, Float8_e5m2fnuz)
 #undef RANGE_OF
     default:
       return false;

@@ -224,8 +224,14 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       // their backward ops are not listed, the CPU computes them with the conj).
       "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num",
       "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod"};
-  bool has_unsigned = false, has_complex = false;
+  // float8: conversions and data movement; CPU's kernels do the rest (and
+  // raise CPU's NotImplementedError where it has no float8 kernel).
+  static const std::set<std::string> float8_ops = {
+      "fill", "zero", "clone", "_to_copy", "copy", "cat", "eq", "ne", "isnan", "where", "index_select", "index",
+      "_unsafe_index", "index_put", "_index_put_impl_", "flip", "roll", "constant_pad_nd", "_scaled_mm"};
+  bool has_unsigned = false, has_complex = false, has_float8 = false;
   auto note = [&](c10::ScalarType t) {
+    has_float8 |= c10::isFloat8Type(t);
     has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;
     has_complex |= t == c10::kComplexFloat || t == c10::kComplexDouble || t == c10::kComplexHalf;
   };
@@ -263,6 +269,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   has_unsigned |= unsigned_cpu_scalar && !non_bool_tensor;
   if (has_unsigned && !unsigned_ops.count(base)) return false;
   if (has_complex && !complex_ops.count(base)) return false;
+  if (has_float8 && !float8_ops.count(base)) return false;
   // A complex fill value of a real tensor: CPU's overflow error ("value cannot
   // be converted to type float without overflow"), from its kernel.
   if (has_complex && base == "masked_fill" && !stack_args.empty() && stack_args[0].isTensor() &&

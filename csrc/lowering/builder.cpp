@@ -64,7 +64,7 @@ Value Builder::param(const TensorType& type) {
 }
 
 Value Builder::constant(const Scalar& v, DType dtype) {
-  if (dtype == DType::F16 || dtype == DType::BF16)
+  if (dtype == DType::F16 || dtype == DType::BF16 || is_float8(dtype))
     return convert(constant(v, DType::F32), dtype);
   if (is_complex(dtype)) return convert(constant(v, real_dtype(dtype)), dtype);  // imaginary part 0
   std::string lit;
@@ -158,8 +158,44 @@ Value Builder::select(const Value& pred, const Value& t, const Value& f) {
   return op("stablehlo.select", {pred, t, f}, t.type);
 }
 
+// To float8 through float32, as PyTorch's c10 types convert (a double or an
+// integer is rounded to float first), with CPU's choices where XLA's convert
+// differs: float8_e4m3fn saturates finite and infinite overflow to +-448
+// (NaN stays NaN), and float8_e5m2's NaN has the bits 0x7F.
+Value Builder::convert_to_float8(const Value& x, DType to) {
+  Value xf = convert(x, DType::F32);
+  Value nan = compare(Cmp::NE, xf, xf);
+  if (to == DType::F8E4M3FN) {
+    Value lim = splat(Scalar::from_float(448.0), xf.type);
+    Value neg = splat(Scalar::from_float(-448.0), xf.type);
+    Value clamped = select(compare(Cmp::GT, xf, lim), lim, select(compare(Cmp::LT, xf, neg), neg, xf));
+    xf = select(nan, xf, clamped);
+  }
+  Value y = op("stablehlo.convert", {xf}, TensorType{to, x.shape()});
+  if (to == DType::F8E5M2) {
+    TensorType u32{DType::U32, x.shape()}, u8{DType::U8, x.shape()};
+    Value sign = op("stablehlo.shift_right_logical", {bitcast_convert(xf, u32), splat(Scalar::from_int(24), u32)}, u32);
+    sign = convert(binary("and", sign, splat(Scalar::from_int(0x80), u32)), DType::U8);
+    Value bits = binary("or", sign, splat(Scalar::from_int(0x7F), u8));
+    // (Chosen as bits: XLA's CPU backend computes float8 values in a wider
+    // type, and a select of float8 values would canonicalize the NaN again.)
+    y = bitcast_convert(select(nan, bits, bitcast_convert(y, u8)), y.type);
+  }
+  return y;
+}
+
 Value Builder::convert(const Value& x, DType to) {
   if (x.dtype() == to) return x;
+  if (is_float8(to)) return convert_to_float8(x, to);
+  if (is_float8(x.dtype()) && to != DType::F32 && to != DType::Bool) {
+    // Through float32 (exact), as PyTorch's conversions go. A NaN of the
+    // fnuz types becomes integer 0 on CPU (other NaNs: see float -> int below).
+    Value xf = convert(x, DType::F32);
+    Value y = convert(xf, to);
+    if (is_integral(to, false) && (x.dtype() == DType::F8E4M3FNUZ || x.dtype() == DType::F8E5M2FNUZ))
+      y = select(compare(Cmp::NE, xf, xf), splat(Scalar::from_int(0), y.type), y);
+    return y;
+  }
   if (is_complex(x.dtype()) && !is_complex(to)) {
     // complex -> real keeps the real part, as PyTorch does (XLA has no such convert).
     DType r = real_dtype(x.dtype());

@@ -35,6 +35,7 @@ class Builder {
   Value compare(Cmp dir, const Value& a, const Value& b);
   Value select(const Value& pred, const Value& on_true, const Value& on_false);
   Value convert(const Value& x, DType to);
+  Value convert_to_float8(const Value& x, DType to);  // (convert's float8 case)
   Value bitcast_convert(const Value& x, const TensorType& to);
   Value reshape(const Value& x, const Shape& shape);
   Value transpose(const Value& x, const std::vector<int64_t>& perm);

@@ -21,6 +21,10 @@ const char* mlir_name(DType t) {
     case DType::U64: return "ui64";
     case DType::C64: return "complex<f32>";
     case DType::C128: return "complex<f64>";
+    case DType::F8E4M3FN: return "f8E4M3FN";
+    case DType::F8E5M2: return "f8E5M2";
+    case DType::F8E4M3FNUZ: return "f8E4M3FNUZ";
+    case DType::F8E5M2FNUZ: return "f8E5M2FNUZ";
   }
   return "?";
 }
@@ -42,6 +46,10 @@ const char* scalar_type_name(DType t) {
     case DType::U64: return "UInt64";
     case DType::C64: return "ComplexFloat";
     case DType::C128: return "ComplexDouble";
+    case DType::F8E4M3FN: return "Float8_e4m3fn";
+    case DType::F8E5M2: return "Float8_e5m2";
+    case DType::F8E4M3FNUZ: return "Float8_e4m3fnuz";
+    case DType::F8E5M2FNUZ: return "Float8_e5m2fnuz";
   }
   return "?";
 }
@@ -63,6 +71,10 @@ const char* dtype_name(DType t) {
     case DType::U64: return "uint64";
     case DType::C64: return "complex64";
     case DType::C128: return "complex128";
+    case DType::F8E4M3FN: return "float8_e4m3fn";
+    case DType::F8E5M2: return "float8_e5m2";
+    case DType::F8E4M3FNUZ: return "float8_e4m3fnuz";
+    case DType::F8E5M2FNUZ: return "float8_e5m2fnuz";
   }
   return "?";
 }
@@ -70,6 +82,7 @@ const char* dtype_name(DType t) {
 int64_t itemsize(DType t) {
   switch (t) {
     case DType::Bool: case DType::U8: case DType::I8: return 1;
+    case DType::F8E4M3FN: case DType::F8E5M2: case DType::F8E4M3FNUZ: case DType::F8E5M2FNUZ: return 1;
     case DType::I16: case DType::F16: case DType::BF16: case DType::U16: return 2;
     case DType::I32: case DType::F32: case DType::U32: return 4;
     case DType::I64: case DType::F64: case DType::U64: case DType::C64: return 8;

@@ -8,14 +8,22 @@
 
 namespace torch_pjrt::lowering {
 
-enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U16, U32, U64, C64, C128 };
+enum class DType : uint8_t {
+  Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U16, U32, U64, C64, C128,
+  // PyTorch's float8 types (storage, conversions and data movement; arithmetic
+  // runs on the CPU as PyTorch's CPU kernels allow it, _scaled_mm is lowered).
+  F8E4M3FN, F8E5M2, F8E4M3FNUZ, F8E5M2FNUZ
+};
 
 const char* mlir_name(DType t);  // "f32", "i1", "ui8", ...
 const char* dtype_name(DType t);  // "float32", "bool", ... (for messages)
 const char* scalar_type_name(DType t);  // PyTorch's ScalarType names: "Float", "Long", ... (CPU's messages)
 int64_t itemsize(DType t);
+inline bool is_float8(DType t) {
+  return t == DType::F8E4M3FN || t == DType::F8E5M2 || t == DType::F8E4M3FNUZ || t == DType::F8E5M2FNUZ;
+}
 inline bool is_float(DType t) {
-  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
+  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64 || is_float8(t);
 }
 inline bool is_complex(DType t) { return t == DType::C64 || t == DType::C128; }
 inline bool is_integral(DType t, bool include_bool) {

@@ -81,6 +81,10 @@ size_t element_size(PJRT_Buffer_Type type) {
     case PJRT_Buffer_Type_PRED:
     case PJRT_Buffer_Type_S8:
     case PJRT_Buffer_Type_U8:
+    case PJRT_Buffer_Type_F8E4M3FN:
+    case PJRT_Buffer_Type_F8E5M2:
+    case PJRT_Buffer_Type_F8E4M3FNUZ:
+    case PJRT_Buffer_Type_F8E5M2FNUZ:
       return 1;
     case PJRT_Buffer_Type_S16:
     case PJRT_Buffer_Type_U16:

@@ -21,7 +21,8 @@ def _supported_dtypes():
         return torch.accelerator.get_device_capability(_tpu().current_device())["supported_dtypes"]
     return {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
             torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
-            torch.complex64, torch.complex128}
+            torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+            torch.float8_e5m2fnuz}
 
 
 def _make_interface(base):

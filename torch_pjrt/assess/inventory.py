@@ -78,7 +78,7 @@ _NVML = ("NVML (GPU monitoring): torch.tpu.memory_stats / mem_get_info / "
 _DROP_CUDA_WHEEL = "a CUDA runtime wheel: drop it (the PJRT plugin brings its own runtime)"
 
 # GPU-only packages: import name -> (pip names, effort, suggestion). Import names may
-# be dotted where only a submodule is GPU-only (numba.cuda, torchao.float8).
+# be dotted where only a submodule is GPU-only (numba.cuda, torchao.sparsity).
 GPU_PACKAGES = {
     "flash_attn": (("flash-attn",), "replace", _SDPA),
     "flash_attn_interface": (("flash-attn-3",), "replace", _SDPA),
@@ -101,8 +101,8 @@ GPU_PACKAGES = {
                  "tensor/pipeline parallelism -> torch.distributed.tensor (DTensor); its fused "
                  "kernels need apex/transformer_engine"),
     "transformer_engine": (("transformer-engine",), "replace",
-                           "nn.Linear/nn.LayerNorm under torch.autocast('tpu', dtype=torch.bfloat16) "
-                           "(no FP8 on tpu)"),
+                           "nn.Linear/nn.LayerNorm under torch.autocast('tpu', dtype=torch.bfloat16), "
+                           "or torchao.float8 for FP8 training (torch._scaled_mm runs on tpu)"),
     "cupy": (("cupy",), "replace",
              "torch tensor ops on tpu (or numpy on the host); RawKernel/ElementwiseKernel code "
              "must be rewritten in PyTorch ops"),
@@ -146,7 +146,6 @@ GPU_PACKAGES = {
                       "nn.Conv1d(groups=channels, padding=kernel_size - 1), dropping the last "
                       "kernel_size - 1 outputs"),
     "fbgemm_gpu": (("fbgemm-gpu", "fbgemm-gpu-genai"), "replace", "nn.EmbeddingBag and PyTorch ops"),
-    "torchao.float8": ((), "replace", "bfloat16 autocast (the FP8 training kernels are CUDA-only)"),
     "torchao.sparsity": ((), "replace", "dense weights (2:4 sparsity uses CUDA cuSPARSELt kernels)"),
     "cudf": (("cudf",), "replace", "pandas on the host"),
     "cuml": (("cuml",), "replace", "scikit-learn on the host"),

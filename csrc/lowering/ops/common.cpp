@@ -17,7 +17,9 @@ Value splat_like(Builder& b, double v, const Value& like) {
   return b.splat(is_float(like.dtype()) || is_complex(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }
 
-DType math_dtype(DType out) { return out == DType::F16 || out == DType::BF16 ? DType::F32 : out; }
+DType math_dtype(DType out) {
+  return out == DType::F16 || out == DType::BF16 || is_float8(out) ? DType::F32 : out;
+}
 
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn) {
@@ -103,6 +105,9 @@ double largest_finite(DType t) {
   switch (t) {
     case DType::F16: return 65504.0;
     case DType::BF16: return 3.3895313892515355e38;
+    case DType::F8E4M3FN: return 448.0;
+    case DType::F8E5M2: case DType::F8E5M2FNUZ: return 57344.0;
+    case DType::F8E4M3FNUZ: return 240.0;
     case DType::F32: return std::numeric_limits<float>::max();
     default: return std::numeric_limits<double>::max();
   }
