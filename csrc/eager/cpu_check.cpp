@@ -189,16 +189,6 @@ int64_t output_elements(const torch::jit::Stack& stack) {
   return n;
 }
 
-std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
-  std::ostringstream os;
-  bool first = true;
-  for_each_tensor(args, [&](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
-    os << (first ? "" : ", ") << c10::toString(t.scalar_type());
-    first = false;
-  });
-  return os.str();
-}
 
 // Only calls this small are probed, with their own shapes and data of the
 // probe's. (Smaller shapes of a larger call are not a valid call of the op in
@@ -276,6 +266,17 @@ bool beyond_cpu(const c10::FunctionSchema& schema, const CpuError& err) {
 }
 
 }  // namespace
+
+std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
+  std::ostringstream os;
+  bool first = true;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
+    os << (first ? "" : ", ") << c10::toString(t.scalar_type());
+    first = false;
+  });
+  return os.str();
+}
 
 void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool random,
                     const torch::jit::Stack& meta) {

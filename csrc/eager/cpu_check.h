@@ -25,6 +25,9 @@ struct ScalarCheck {
   const char* type_name;  // as CPU's message names it ("int8_t", "c10::Half")
 };
 
+// The dtypes of the tpu tensors among `args`, for messages ("Float, Long").
+std::string dtypes_of(c10::ArrayRef<c10::IValue> args);
+
 // Runs the op on CPU tensors of the call's dtypes and shapes (calls of at most
 // 4096 elements; larger ones are not probed) with the call's other arguments;
 // raises CPU's exception type (message naming the op, dtypes and device tpu)

@@ -12,6 +12,7 @@
 
 #include "device/current_device.h"
 #include "device/generator.h"
+#include "eager/cpu_check.h"
 #include "eager/cpu_threads.h"
 #include "eager/env.h"
 #include "eager/fused.h"
@@ -133,7 +134,7 @@ void check_fallback_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   });
 }
 
-void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool dtype_limited) {
   check_fallback_devices(op, args);
   std::string name = op_display_name(op.schema());
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_is_error(), "torch_pjrt: ", name,
@@ -145,15 +146,22 @@ void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
     std::lock_guard<std::mutex> lock(g_fallback_mutex);
     first = g_fallback_counts[name]++ == 0;
   }
-  if (first)
-    TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu; it runs on the CPU "
-               "(inputs copied to the host and results back). Counted in "
+  if (!first) return;
+  // (TORCH_WARN is a statement block: no if/else chain around it.)
+  if (dtype_limited) {
+    TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu for these dtypes (", dtypes_of(args),
+               "); it runs on the CPU (inputs copied to the host and results back). Counted in "
                "torch_pjrt.metrics()['cpu_fallbacks'].");
+    return;
+  }
+  TORCH_WARN("torch_pjrt: ", name, " has no lowering for device tpu; it runs on the CPU "
+             "(inputs copied to the host and results back). Counted in "
+             "torch_pjrt.metrics()['cpu_fallbacks'].");
 }
 
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool dtype_limited) {
   FlushReason reason("cpu_fallback");  // its inputs' host copies run a fused trace that owes them
-  enter_cpu_fallback(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  enter_cpu_fallback(op, torch::jit::last(*stack, op.schema().arguments().size()), dtype_limited);
   SerialCpuOffHome serial;
   // A written argument with a lazy conj/neg bit (ops that handle conj views
   // themselves get them) would not receive the write-back through PyTorch's

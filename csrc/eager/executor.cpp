@@ -438,7 +438,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     args = torch::jit::last(*stack, nargs);
   }
   if (!info) {
-    run_on_cpu(op, stack);
+    run_on_cpu(op, stack, /*dtype_limited=*/st.info != nullptr);
     return;
   }
 
