@@ -142,3 +142,39 @@ def test_grouped_mm_grads_and_compiled_like_cpu(no_cpu_fallback):
         assert_same(got, want, **TOL[torch.float32])
     compiled = torch.compile(lambda a, w, o: torch._grouped_mm(a, w, offs=o).relu(), backend="tpu", fullgraph=True)
     assert_same(compiled(*tpu((a, w, offs))), torch._grouped_mm(a, w, offs=offs).relu(), **TOL[torch.float32])
+
+
+# ---- int8 products of quantized inference ------------------------------------------------
+
+def test_int_mm_exact_as_cpu(no_cpu_fallback):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 128, (64, 24), dtype=torch.int8, generator=g)
+    extreme = torch.full((4, 1024), -128, dtype=torch.int8)  # sums past int16, exact in int32
+    u = torch.randint(0, 256, (32, 64), dtype=torch.uint8, generator=g)
+    for x, y in [(a, b), (a[:, ::2], b[::2]), (extreme, extreme.t()), (a[:0], b), (u, b)]:
+        want = torch._int_mm(x, y)
+        got = torch._int_mm(tpu(x), tpu(y))
+        assert got.device.type == "tpu" and got.dtype == torch.int32
+        assert torch.equal(got.cpu(), want)
+
+
+def test_int_mm_errors_as_cpu():
+    a = torch.ones(4, 8, dtype=torch.int8)
+    for x, y in [(a.int(), a.t()), (a, a), (a, a.t().to(torch.uint8))]:
+        with pytest.raises(RuntimeError) as cpu_err:
+            torch._int_mm(x, y)
+        with pytest.raises(RuntimeError) as tpu_err:
+            torch._int_mm(tpu(x), tpu(y))
+        assert str(tpu_err.value).startswith(str(cpu_err.value))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_weight_int8pack_mm_as_cpu(dtype, no_cpu_fallback):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 64, generator=g).to(dtype)
+    w = torch.randint(-128, 128, (24, 64), dtype=torch.int8, generator=g)
+    s = (torch.rand(24, generator=g) / 50).to(dtype)
+    want = torch.ops.aten._weight_int8pack_mm(x, w, s)
+    assert_same(torch.ops.aten._weight_int8pack_mm(tpu(x), tpu(w), tpu(s)), want,
+                rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
