@@ -178,3 +178,76 @@ def test_weight_int8pack_mm_as_cpu(dtype, no_cpu_fallback):
     want = torch.ops.aten._weight_int8pack_mm(x, w, s)
     assert_same(torch.ops.aten._weight_int8pack_mm(tpu(x), tpu(w), tpu(s)), want,
                 rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+# ---- torch.get_float32_matmul_precision() -> XLA's operand precision ------------------------
+
+def dot_programs(fn):
+    from torch_pjrt import _state
+    _state.C.record_programs(True)
+    try:
+        fn()
+    finally:
+        _state.C.record_programs(False)
+    # (op programs only: fused eager also records the traces composed of them)
+    return [text for name, text in _state.C.take_recorded_programs()
+            if name.startswith("aten::") and ("stablehlo.dot_general" in text or "stablehlo.convolution" in text)]
+
+
+@pytest.fixture
+def matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
+def test_float32_matmul_precision_reaches_eager_programs(matmul_precision):
+    # XLA's DEFAULT is one bfloat16 pass on TPU (TF32 on GPU): float32 products
+    # ask for HIGHEST as PyTorch's default "highest" means, HIGH for "high",
+    # DEFAULT for "medium" (XLA:CPU computes float32 whatever is asked).
+    a, b = make((11, 19), seed=3), make((19, 3), seed=4)  # shapes no other test uses
+    want = a @ b
+    seen = {}
+    for setting in ("highest", "high", "medium"):
+        matmul_precision(setting)
+        x, y = tpu(a), tpu(b)
+        texts = dot_programs(lambda: assert_same(x @ y, want, rtol=1e-5, atol=1e-5))
+        assert len(texts) == 1, setting  # a new program per setting: plans are keyed by it
+        seen[setting] = texts[0]
+    assert "precision HIGHEST" in seen["highest"]
+    assert "precision HIGH>" in seen["high"] and "HIGHEST" not in seen["high"]
+    assert "precision_config" not in seen["medium"]
+    matmul_precision("highest")
+    assert dot_programs(lambda: (tpu(a) @ tpu(b)).cpu()) == []  # the first plan again
+
+
+def test_widened_half_operands_take_only_the_passes_they_need(matmul_precision):
+    # bfloat16 values are exact in one bfloat16 pass, float16 values in three:
+    # a bfloat16 model's products stay single-pass on TPU whatever the setting.
+    matmul_precision("highest")
+    a, b = make((8, 16), seed=5), make((16, 4), seed=6)
+    for dtype, attr in ((torch.bfloat16, None), (torch.float16, "precision HIGH>")):
+        x, y = tpu(a.to(dtype)), tpu(b.to(dtype))
+        texts = dot_programs(lambda: (x @ y).cpu())
+        texts += dot_programs(lambda: torch.nn.functional.conv_transpose2d(x[None, None], y[None, None, :3, :3]).cpu())
+        assert texts
+        for t in texts:
+            assert (attr in t) if attr else "precision_config" not in t
+    x = tpu(a)[None, None]
+    texts = dot_programs(lambda: torch.nn.functional.conv2d(x, x[:, :, :3, :3]).cpu())
+    assert texts and all("precision HIGHEST" in t for t in texts)
+
+
+def test_float32_matmul_precision_reaches_compiled_graphs():
+    code = ("import torch, torch_pjrt\n"
+            "f = torch.compile(lambda x, y: (x @ y).relu(), backend='tpu')\n"
+            "a = torch.randn(8, 8, device='tpu')\n"
+            "f(a, a).cpu()\n"
+            "torch._dynamo.reset(); torch.set_float32_matmul_precision('medium')\n"
+            "f(a, a).cpu()\n")
+    from conftest import run_python
+    r = run_python(code, TORCH_PJRT_DUMP="1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    dots = [line for line in r.stderr.splitlines() if "stablehlo.dot_general" in line]
+    assert len(dots) == 2
+    assert "precision HIGHEST" in dots[0] and "precision_config" not in dots[1]

@@ -18,6 +18,7 @@
 
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
+#include "device/matmul_precision.h"
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/cpu_fallback.h"
@@ -293,6 +294,9 @@ struct OpStatic {
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
   // A composite op routed here (lowering_routes.cpp): its PyTorch kernel.
   std::optional<c10::DispatchKey> composite;
+  // Its programs have float32 dots or convolutions: keyed by torch's matmul
+  // precision too (learned from the first such plan).
+  bool f32_precision = false;
 };
 
 // A CPU tensor that is not a scalar among the arguments.
@@ -443,6 +447,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 
   describe(inst, schema, args);
+  if (st.f32_precision) inst.put(static_cast<char>(device::f32_matmul_precision()));
   check_partial_overlap(inst, schema);
   c10::OptionalDeviceGuard guard;
   if (inst.device >= 0)
@@ -505,6 +510,10 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     // A float argument that is a runtime input: CPU's overflow check, per call.
     if (dynamic) plan->scalar_checks = learn_scalar_checks(op, args, inst, info->needs_rng, meta);
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
+    if (plan->f32_precision && !st.f32_precision) {
+      st.f32_precision = true;  // this call's key gets what later calls' keys will have
+      inst.put(static_cast<char>(device::f32_matmul_precision()));
+    }
     cache_put(dynamic ? std::string(inst.key_view()) : inst.static_key(), plan);
   }
   for (const std::string& w : plan->warnings) TORCH_WARN(w);

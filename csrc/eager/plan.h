@@ -63,6 +63,7 @@ struct Plan {
   std::vector<Write> writes;
   std::vector<Resize> resizes;
   bool read_scalar_value = false;  // the lowering used a runtime scalar's value
+  bool f32_precision = false;      // a float32 dot or convolution took torch's matmul precision
   int check_output = -1;  // the updated check word (value checks), when the op has checks
   // Runtime float arguments CPU's kernel converts with an overflow check:
   // checked on every call (cpu_check.h).

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "device/dtype_map.h"
+#include "device/matmul_precision.h"
 #include "eager/env.h"
 #include "eager/ivalue_tensors.h"
 #include "eager/plan.h"
@@ -229,6 +230,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   };
 
   Builder b;
+  b.set_f32_precision(device::f32_matmul_precision());
   // Runtime scalars, one vector parameter (scalar_pack_dtype).
   std::optional<Value> scalar_pack;
   int64_t n_scalars = 0;
@@ -629,6 +631,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     plan->param_types = b.param_types();
     for (const Value& v : program_outputs) plan->output_types.push_back(v.type);
   }
+  plan->f32_precision = b.used_f32_precision();
   plan->serial = next_plan_serial();
   plan->op_name = op_display_name(schema);
   return plan;

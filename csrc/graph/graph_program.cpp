@@ -9,6 +9,7 @@
 
 #include "device/device_lock.h"
 #include "device/dtype_map.h"
+#include "device/matmul_precision.h"
 #include "device/generator.h"
 #include "device/storage.h"
 #include "eager/executor.h"
@@ -105,6 +106,7 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
   ctx.checks_enabled = eager::checks_enabled();
   ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
+  b_.set_f32_precision(device::f32_matmul_precision());  // (as when the graph is lowered)
   for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
   std::vector<Value> res = info->fn(ctx);
   for (const auto& c : ctx.checks) {

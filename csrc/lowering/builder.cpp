@@ -137,6 +137,19 @@ std::vector<Value> Builder::op_multi(const std::string& name, const std::vector<
   std::vector<Value> out;
   for (size_t i = 0; i < results.size(); ++i)
     out.push_back(Value{results.size() > 1 ? id + "#" + std::to_string(i) : id, results[i]});
+  // A widened value moved about (a transposed or flipped weight) is still exact
+  // in fewer passes (precision_attr).
+  static const char* const kLayout[] = {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.reverse",
+                                        "stablehlo.slice", "stablehlo.broadcast_in_dim"};
+  if (results.size() == 1 && operands.size() == 1 && !widened_.empty()) {
+    auto it = widened_.find(operands[0].id);
+    if (it != widened_.end())
+      for (const char* l : kLayout)
+        if (name == l) {
+          widened_[id] = it->second;
+          break;
+        }
+  }
   return out;
 }
 
@@ -185,6 +198,16 @@ Value Builder::convert_to_float8(const Value& x, DType to) {
 }
 
 Value Builder::convert(const Value& x, DType to) {
+  Value y = convert_value(x, to);
+  DType from = x.dtype();
+  if (to == DType::F32 && y.id != x.id &&
+      (from == DType::BF16 || from == DType::F16 || is_float8(from) || from == DType::I8 || from == DType::U8 ||
+       from == DType::Bool))
+    widened_[y.id] = from;
+  return y;
+}
+
+Value Builder::convert_value(const Value& x, DType to) {
   if (x.dtype() == to) return x;
   if (is_float8(to)) return convert_to_float8(x, to);
   if (is_float8(x.dtype()) && to != DType::F32 && to != DType::Bool) {
@@ -240,6 +263,20 @@ Value Builder::convert(const Value& x, DType to) {
 
 Value Builder::bitcast_convert(const Value& x, const TensorType& to) {
   return op("stablehlo.bitcast_convert", {x}, to);
+}
+
+std::string Builder::precision_attr(const Value& a, const Value& b) {
+  auto needed = [&](const Value& v) {
+    if (v.dtype() != DType::F32 && v.dtype() != DType::C64) return Precision::Default;
+    auto it = widened_.find(v.id);
+    if (it != widened_.end()) return it->second == DType::F16 ? Precision::High : Precision::Default;
+    used_f32_precision_ = true;
+    return f32_precision_;
+  };
+  Precision p = std::max(needed(a), needed(b));
+  if (p == Precision::Default) return "";
+  std::string one = p == Precision::Highest ? "#stablehlo<precision HIGHEST>" : "#stablehlo<precision HIGH>";
+  return ", precision_config = [" + one + ", " + one + "]";
 }
 
 Value Builder::reshape(const Value& x, const Shape& shape) {
@@ -411,7 +448,7 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
             "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + i64_list(batch_a) +
                 ", rhs_batching_dimensions = " + i64_list(batch_b) +
                 ", lhs_contracting_dimensions = " + i64_list(contract_a) +
-                ", rhs_contracting_dimensions = " + i64_list(contract_b) + ">");
+                ", rhs_contracting_dimensions = " + i64_list(contract_b) + ">" + precision_attr(a, b));
 }
 
 Value Builder::gather_elements(const Value& x, const Value& indices) {

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "lowering/types.h"
@@ -11,6 +12,12 @@
 namespace torch_pjrt::lowering {
 
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+// XLA's operand precision of a float32 dot or convolution: DEFAULT is one
+// bfloat16 pass on TPU (TF32 on GPU), HIGH three, HIGHEST float32. PyTorch's
+// torch.get_float32_matmul_precision() "highest" (its default), "high" and
+// "medium" map to them (the frontends set it; XLA:CPU computes float32 always).
+enum class Precision : uint8_t { Default, High, Highest };
 
 class Builder {
  public:
@@ -97,7 +104,21 @@ class Builder {
 
   std::string fresh();
 
+  void set_f32_precision(Precision p) { f32_precision_ = p; }
+  // Whether a float32 dot or convolution took the setting (its programs then
+  // depend on it: eager plans are keyed by it from then on).
+  bool used_f32_precision() const { return used_f32_precision_; }
+  // ", precision_config = [...]" for a dot or convolution of a and b, or "".
+  // Operands widened from bfloat16 (or float8, int8, bool) are exact in one
+  // bfloat16 pass, from float16 in three: only real float32 values take the
+  // setting, so a bfloat16 model's products stay single-pass on TPU.
+  std::string precision_attr(const Value& a, const Value& b);
+
  private:
+  Precision f32_precision_ = Precision::Highest;
+  bool used_f32_precision_ = false;
+  std::unordered_map<std::string, DType> widened_;  // value id -> the narrower type it came from
+  Value convert_value(const Value& x, DType to);
   int next_ = 0;
   int replicas_ = 0;
   std::vector<TensorType> params_;

@@ -94,7 +94,8 @@ Value convolution(Builder& b, const Value& lhs, const Value& rhs, const ConvSpec
       s.rhs.str('o', 'i') + "->" + s.out.str('b', 'f') +
       ">, feature_group_count = " + std::to_string(s.feature_groups) +
       " : i64, lhs_dilation = " + i64_array(s.lhs_dilation) + ", padding = " + pad +
-      ", rhs_dilation = " + i64_array(s.rhs_dilation) + ", window_strides = " + i64_array(s.strides);
+      ", rhs_dilation = " + i64_array(s.rhs_dilation) + ", window_strides = " + i64_array(s.strides) +
+      b.precision_attr(lhs, rhs);
   return b.op("stablehlo.convolution", {lhs, rhs}, TensorType{lhs.dtype(), out}, attrs);
 }
 
