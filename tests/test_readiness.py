@@ -52,6 +52,24 @@ def test_matmul_flops_are_2mnk(topology):
     assert "HloModule" in p.hlo_text
 
 
+def test_float32_matmul_precision_reaches_the_tpu_compiler():
+    # libtpu's optimized HLO: "highest" (PyTorch's default) keeps float32
+    # operands at full precision, "high" asks for 3 bfloat16 passes, "medium"
+    # lets the TPU compiler round them to bfloat16 (one MXU pass).
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    before = torch.get_float32_matmul_precision()
+    hlo = {}
+    try:
+        for setting in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(setting)
+            hlo[setting] = readiness.check(lambda x, y: x @ y, (a, b), topology="v5e:2x2").programs[0].hlo_text
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert "operand_precision={highest,highest}" in hlo["highest"]
+    assert "operand_precision={high,high}" in hlo["high"]
+    assert "operand_precision" not in hlo["medium"] and "bf16" in hlo["medium"]
+
+
 def test_peak_grows_with_batch():
     model = models.MLP()
     peaks = [readiness.check(model, (torch.randn(b, 32),), topology="v5e:2x2").step_peak_bytes
