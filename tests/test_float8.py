@@ -187,3 +187,19 @@ def test_float8_linear_eager_and_compiled_as_cpu(no_cpu_fallback):
     assert_same(torch.compile(float8_linear, backend="tpu")(tpu(x), tpu(w)), want, rtol=1e-2, atol=1e-2)
     # against the float32 product: float8's error, not ours
     assert (want.float() - x @ w.t()).abs().max() < 2.0
+
+
+@pytest.mark.parametrize("recipe", ["TensorWise", "RowWise"])
+def test_functional_scaled_mm_v2_as_cpu(recipe, no_cpu_fallback):
+    import torch.nn.functional as F
+    rec = getattr(F.ScalingType, recipe)
+    a, b = operands()
+    g = torch.Generator().manual_seed(4)
+    if recipe == "TensorWise":
+        sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+    else:
+        sa, sb = torch.rand(32, 1, generator=g) + 0.5, torch.rand(1, 48, generator=g) + 0.5
+    bias = torch.randn(48, generator=g).bfloat16()
+    want = F.scaled_mm(a, b, sa, rec, sb, rec, output_dtype=torch.bfloat16, bias=bias)
+    got = F.scaled_mm(tpu(a), tpu(b), tpu(sa), rec, tpu(sb), rec, output_dtype=torch.bfloat16, bias=tpu(bias))
+    assert_close_to_cpu(got, want)

@@ -229,7 +229,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   // raise CPU's NotImplementedError where it has no float8 kernel).
   static const std::set<std::string> float8_ops = {
       "fill", "zero", "clone", "_to_copy", "copy", "cat", "eq", "ne", "isnan", "where", "index_select", "index",
-      "_unsafe_index", "index_put", "_index_put_impl_", "flip", "roll", "constant_pad_nd", "_scaled_mm"};
+      "_unsafe_index", "index_put", "_index_put_impl_", "flip", "roll", "constant_pad_nd", "_scaled_mm", "_scaled_mm_v2"};
   bool has_unsigned = false, has_complex = false, has_float8 = false;
   auto note = [&](c10::ScalarType t) {
     has_float8 |= c10::isFloat8Type(t);
