@@ -341,3 +341,29 @@ def test_sdpa_kernel_math_and_vmap_take_the_math_path():
         assert_same(F.scaled_dot_product_attention(qt[0], kt[0], vt[0]), F.scaled_dot_product_attention(q[0], k[0], v[0]))
     assert torch._fused_sdp_choice(qt[0], kt[0], vt[0]) == int(SDPBackend.OVERRIDEABLE)
     assert_same(torch.vmap(F.scaled_dot_product_attention)(qt, kt, vt), want)
+
+
+@pytest.mark.parametrize("dtype,attr", [(torch.float32, "precision HIGHEST"), (torch.bfloat16, None),
+                                        (torch.float16, "precision HIGH>")])
+def test_attention_products_ask_for_the_inputs_precision(dtype, attr):
+    # float32 attention takes torch's matmul precision ("highest"); bfloat16
+    # attention's float32 probabilities need no more than one bfloat16 pass
+    # on TPU (GPU flash kernels round them to bfloat16 too), float16's three.
+    from torch_pjrt import _state
+    if torch.get_float32_matmul_precision() != "highest":
+        pytest.skip("another test changed the matmul precision")
+    q = torch.randn(1, 2, 8, 4, device="tpu", dtype=dtype, requires_grad=True)
+    _state.C.record_programs(True)
+    try:
+        F.scaled_dot_product_attention(q, q, q).sum().backward()
+        q.grad.cpu()
+    finally:
+        _state.C.record_programs(False)
+    texts = [t for name, t in _state.C.take_recorded_programs() if "attention" in name]
+    assert len(texts) == 2  # forward and backward
+    for t in texts:
+        assert "stablehlo.dot_general" in t
+        if attr:  # every dot asks for it, nothing else is asked for
+            assert t.count(attr) == 2 * t.count("stablehlo.dot_general") == t.count("#stablehlo<precision ")
+        else:
+            assert "precision_config" not in t

@@ -2,6 +2,7 @@
 // generic operation syntax, which every StableHLO version parses the same way.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -105,6 +106,24 @@ class Builder {
   std::string fresh();
 
   void set_f32_precision(Precision p) { f32_precision_ = p; }
+  Precision f32_precision() const { return f32_precision_; }
+  // Within an op whose inputs are bfloat16 (float16), its float32
+  // intermediates (attention's probabilities) need no more passes than the
+  // inputs' own precision: one (three). While alive, caps the setting so.
+  class PrecisionCap {
+   public:
+    PrecisionCap(Builder& b, DType inputs) : b_(b), saved_(b.f32_precision_) {
+      if (inputs == DType::BF16) b.f32_precision_ = Precision::Default;
+      if (inputs == DType::F16) b.f32_precision_ = std::min(saved_, Precision::High);
+    }
+    ~PrecisionCap() { b_.f32_precision_ = saved_; }
+    PrecisionCap(const PrecisionCap&) = delete;
+    PrecisionCap& operator=(const PrecisionCap&) = delete;
+
+   private:
+    Builder& b_;
+    Precision saved_;
+  };
   // Whether a float32 dot or convolution took the setting (its programs then
   // depend on it: eager plans are keyed by it from then on).
   bool used_f32_precision() const { return used_f32_precision_; }

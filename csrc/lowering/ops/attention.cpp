@@ -125,6 +125,7 @@ Value key_from(Builder& b, const Value& seed, const Value& offset) {
 }
 
 std::vector<Value> fused_attention(LoweringContext& ctx) {
+  Builder::PrecisionCap cap(ctx.b, ctx.tensor("query").dtype());
   Builder& b = ctx.b;
   Attn a = attention_probs(ctx);
   int64_t r = a.q.rank();
@@ -146,6 +147,7 @@ std::vector<Value> fused_attention(LoweringContext& ctx) {
 }
 
 std::vector<Value> fused_attention_backward(LoweringContext& ctx) {
+  Builder::PrecisionCap cap(ctx.b, ctx.tensor("query").dtype());
   Builder& b = ctx.b;
   Attn a = attention_probs(ctx);
   int64_t r = a.q.rank();
