@@ -203,3 +203,28 @@ def test_functional_scaled_mm_v2_as_cpu(recipe, no_cpu_fallback):
     want = F.scaled_mm(a, b, sa, rec, sb, rec, output_dtype=torch.bfloat16, bias=bias)
     got = F.scaled_mm(tpu(a), tpu(b), tpu(sa), rec, tpu(sb), rec, output_dtype=torch.bfloat16, bias=tpu(bias))
     assert_close_to_cpu(got, want)
+
+
+def test_scaled_mm_out_and_scale_result_as_cpu(no_cpu_fallback):
+    a, b = operands()
+    sa, sb, res = torch.tensor(0.5), torch.tensor(2.0), torch.tensor(2.0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        want = torch._scaled_mm(a, b, sa, sb, out=torch.empty(0, dtype=dtype))
+        out = torch.empty(0, dtype=dtype, device="tpu")
+        got = torch._scaled_mm(*tpu((a, b, sa, sb)), out=out)
+        assert got is out
+        assert_close_to_cpu(out, want)
+    with pytest.raises(ValueError, match="out_dtype must match output matrix type"):
+        torch._scaled_mm(*tpu((a, b, sa, sb)), out_dtype=torch.float32, out=torch.empty(0, device="tpu").bfloat16())
+    # CPU applies scale_result only for a float8 out_dtype given explicitly.
+    for kw in ({}, {"out_dtype": torch.float8_e4m3fn}, {"out_dtype": torch.float32}):
+        want = torch._scaled_mm(a, b, sa, sb, scale_result=res, **kw)
+        assert_close_to_cpu(torch._scaled_mm(*tpu((a, b, sa, sb)), scale_result=tpu(res), **kw), want)
+
+
+def test_index_put_accumulate_saturates_as_cpu():
+    x = torch.tensor([448.0]).to(torch.float8_e4m3fn)
+    idx = (torch.tensor([0, 0]),)
+    v = torch.tensor([448.0, 448.0]).to(torch.float8_e4m3fn)
+    want = x.clone().index_put_(idx, v, accumulate=True)
+    assert_bits(tpu(x).index_put_(tpu(idx), tpu(v), accumulate=True), want)

@@ -251,3 +251,15 @@ def test_float32_matmul_precision_reaches_compiled_graphs():
     dots = [line for line in r.stderr.splitlines() if "stablehlo.dot_general" in line]
     assert len(dots) == 2
     assert "precision HIGHEST" in dots[0] and "precision_config" not in dots[1]
+
+
+def test_weight_int8pack_mm_shapes_cpu_kernel_crashes_on():
+    # CPU's bfloat16 kernel segfaults for K not a multiple of 8: the checks
+    # made against CPU must not run it; compared with a float64 reference.
+    g = torch.Generator().manual_seed(2)
+    for m, k, n in ((3, 7, 48), (16, 8, 7), (3, 9, 16)):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+        s = torch.rand(n, generator=g).bfloat16()
+        want = ((x.double() @ w.double().t()) * s.double()).bfloat16()
+        assert_same(torch.ops.aten._weight_int8pack_mm(tpu(x), tpu(w), tpu(s)), want, rtol=1e-2, atol=1e-2)

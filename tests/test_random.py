@@ -490,3 +490,18 @@ def test_distributions_sampled_on_the_fallback_reproduce_cpu_after_manual_seed()
     for t, c in zip(out["tpu"], out["cpu"]):
         assert t.device.type == "tpu"
         torch.testing.assert_close(t.cpu(), c, rtol=1e-5, atol=1e-5)
+
+
+def test_cloned_tpu_generator_stays_a_tpu_generator():
+    g = torch.Generator(device="tpu").manual_seed(3)
+    c = g.clone_state()
+    assert c.device.type == "tpu"
+    assert torch.equal(torch.rand(5, device="tpu", generator=c).cpu(), torch.rand(5, device="tpu", generator=g).cpu())
+
+
+def test_a_cpu_generator_on_a_tpu_op_is_refused_lowered_or_not():
+    g = torch.Generator().manual_seed(0)
+    for call in (lambda: torch.rand(3, device="tpu", generator=g),
+                 lambda: torch.zeros(3, device="tpu").cauchy_(generator=g)):  # (the second runs on the CPU)
+        with pytest.raises(RuntimeError, match="expected a tpu generator, got one for cpu"):
+            call()

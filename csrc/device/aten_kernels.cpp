@@ -563,6 +563,21 @@ at::Tensor& set_storage_only(at::Tensor& self, c10::Storage source) {
   return set_source_storage(self, std::move(source), c10::SymInt(0), size, stride);
 }
 
+// _scaled_mm.out: the functional op (lowered), written into out, with CPU's
+// rule: out_dtype, when given, must be out's dtype. (PyTorch has no Meta
+// kernel for the out= form, which the executor would need.)
+at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                          const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& scale_result, std::optional<at::ScalarType> out_dtype,
+                          bool use_fast_accum, at::Tensor& out) {
+  TORCH_CHECK_VALUE(!out_dtype || *out_dtype == out.scalar_type(), "out_dtype must match output matrix type");
+  at::Tensor r = at::_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result,
+                                out_dtype ? out_dtype : std::optional<at::ScalarType>(out.scalar_type()), use_fast_accum);
+  at::native::resize_output(out, r.sizes());
+  out.copy_(r);
+  return out;
+}
+
 // Autograd's and functorch's "efficient" zeros: a dense tpu zero tensor
 // (made inside its consumer's program, see param_for). CPU's kernel would
 // make a data-less ZeroTensor on the host, copied over and warned about.
@@ -621,6 +636,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_storage_only);
   m.impl("set_", set_empty);
   m.impl("_efficientzerotensor", efficient_zeros);
+  m.impl("_scaled_mm.out", scaled_mm_out);
   m.impl("is_set_to", at::native::is_set_to);  // (the CPU fallback compared host copies)
 }
 

@@ -22,6 +22,15 @@ class PjrtGeneratorImpl : public at::CPUGeneratorImpl {
     device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
     key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
   }
+
+ private:
+  // Generator.clone_state() and graph-safe copies: a tpu generator (CPU's
+  // clone would relabel it a CPU one).
+  PjrtGeneratorImpl* clone_impl() const override {
+    auto* gen = new PjrtGeneratorImpl(device_.index());
+    gen->set_state(*get_state());
+    return gen;
+  }
 };
 
 std::vector<at::Generator>& generators() {

@@ -65,7 +65,9 @@ class TpuGeneratorsOnCpu {
       at::Generator tpu;
       if (v.isGenerator() && v.toGenerator().defined()) {
         tpu = v.toGenerator();
-        if (tpu.device().type() != c10::DeviceType::PrivateUse1) continue;  // the kernel's own check
+        // (As lowered random ops and CUDA's kernels: a CPU generator is refused.)
+        TORCH_CHECK(tpu.device().type() == c10::DeviceType::PrivateUse1,
+                    "torch_pjrt: expected a tpu generator, got one for ", tpu.device());
       } else {
         tpu = device::default_generator(fallback_device(torch::jit::last(*stack, sargs.size())));
       }

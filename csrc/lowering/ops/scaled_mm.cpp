@@ -46,8 +46,11 @@ std::optional<Value> optional(const LoweringContext& c, const char* name) {
 }  // namespace
 
 TORCH_PJRT_LOWERING("_scaled_mm", [](LoweringContext& c) {
+  // CPU's kernel decides on scale_result by out_dtype as given, bfloat16 when
+  // it is not (a float8 result of a float8 self then ignores it).
+  std::optional<Value> result_scale = c.has("out_dtype") ? optional(c, "scale_result") : std::nullopt;
   return std::vector<Value>{
-      scaled_product(c, c.tensor("scale_a"), c.tensor("scale_b"), optional(c, "bias"), optional(c, "scale_result"))};
+      scaled_product(c, c.tensor("scale_a"), c.tensor("scale_b"), optional(c, "bias"), result_scale)};
 });
 
 // torch.nn.functional.scaled_mm's op: one scale per operand with a recipe
