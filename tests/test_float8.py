@@ -228,3 +228,14 @@ def test_index_put_accumulate_saturates_as_cpu():
     v = torch.tensor([448.0, 448.0]).to(torch.float8_e4m3fn)
     want = x.clone().index_put_(idx, v, accumulate=True)
     assert_bits(tpu(x).index_put_(tpu(idx), tpu(v), accumulate=True), want)
+
+
+def test_compiled_float8_arithmetic_rounds_once_with_saturation():
+    # Under torch.compile float8 arithmetic is lowered (as Inductor compiles it
+    # on CPU): computed in float32, rounded once by PyTorch's conversion, so an
+    # overflow saturates to +-448 as CPU's mul does, not NaN.
+    x = torch.tensor([100.0, 300.0, -448.0, 2.0, float("nan")]).to(torch.float8_e4m3fn)
+    mul = torch.compile(lambda a: a * a, backend="tpu")
+    add = torch.compile(lambda a: a + a, backend="tpu")
+    assert_bits(mul(tpu(x)), x * x)
+    assert_bits(add(tpu(x)), (x.float() + x.float()).to(torch.float8_e4m3fn))

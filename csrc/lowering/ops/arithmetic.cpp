@@ -12,7 +12,10 @@ namespace {
 DType scalar_math_dtype(const LoweringContext& ctx, DType dt) {
   const Arg& o = ctx.arg("other");
   bool one_element = o.kind != Arg::Tensor || numel(o.tensor.shape()) == 1;
-  return one_element ? math_dtype(dt) : dt;
+  // (float8 in float32, rounded once with PyTorch's saturating conversion:
+  // XLA's float8 arithmetic makes NaN of an overflow. Compiled graphs reach
+  // here; eager float8 arithmetic runs CPU's kernels.)
+  return one_element || is_float8(dt) ? math_dtype(dt) : dt;
 }
 
 // add/sub: self + alpha * other, computed in the promoted dtype.
@@ -31,7 +34,8 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
       ctx.fail("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
                "invert a mask, use the `~` or `logical_not()` operator instead.");
   }
-  DType dt = compute_dtype(ctx, "self", "other");
+  DType out = compute_dtype(ctx, "self", "other");
+  DType dt = is_float8(out) ? DType::F32 : out;  // (as scalar_math_dtype)
   const Shape& shape = ctx.out().shape;
   Value a = operand_as(ctx, "self", dt, shape);
   Value o = operand_as(ctx, "other", dt, shape);
@@ -53,7 +57,7 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
     o = b.binary("multiply", o, b.splat(alpha_value, o.type));
   if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
     return {b.binary("or", a, o)};
-  return {b.binary(hlo, a, o)};
+  return {b.convert(b.binary(hlo, a, o), out)};
 }
 
 std::vector<Value> mul(LoweringContext& ctx) {
