@@ -505,3 +505,10 @@ def test_a_cpu_generator_on_a_tpu_op_is_refused_lowered_or_not():
                  lambda: torch.zeros(3, device="tpu").cauchy_(generator=g)):  # (the second runs on the CPU)
         with pytest.raises(RuntimeError, match="expected a tpu generator, got one for cpu"):
             call()
+
+
+def test_a_tpu_generator_on_a_cpu_op_gives_cpus_error():
+    g = torch.Generator(device="tpu").manual_seed(0)
+    for call in (lambda: torch.zeros(3).cauchy_(generator=g), lambda: torch.randperm(5, generator=g)):
+        with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'tpu'"):
+            call()

@@ -37,15 +37,19 @@ bool is_generator_arg(const c10::Argument& a) {
 }
 
 // The tpu device a fallback op works on: its first tpu tensor, else its
-// device= argument (randperm), else the current device.
-int fallback_device(c10::ArrayRef<c10::IValue> args) {
+// device= argument (randperm), else the current device; nullopt when it
+// names no tpu at all (a CPU op reaches here only through a tpu generator).
+std::optional<int> fallback_device(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& v : args) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1)
       return v.toTensor().device().index();
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1 && v.toDevice().has_index())
-      return v.toDevice().index();
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) return t.device().index();
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1)
+      return v.toDevice().has_index() ? v.toDevice().index() : device::current_device();
   }
-  return device::current_device();
+  return std::nullopt;
 }
 
 // CPU kernels take CPU generators only. A random op run here draws from the
@@ -62,14 +66,22 @@ class TpuGeneratorsOnCpu {
     for (size_t i = 0; i < sargs.size(); ++i) {
       if (!is_generator_arg(sargs[i])) continue;
       c10::IValue& v = (*stack)[base + i];
+      std::optional<int> dev = fallback_device(torch::jit::last(*stack, sargs.size()));
       at::Generator tpu;
+      if (v.isGenerator() && v.toGenerator().defined() && !dev) {
+        // A CPU op given a tpu generator (dispatched here by the generator's key): CPU's error.
+        TORCH_CHECK(v.toGenerator().device().type() != c10::DeviceType::PrivateUse1,
+                    "Expected a 'cpu' device type for generator but found 'tpu'");
+        continue;
+      }
+      if (!dev) continue;
       if (v.isGenerator() && v.toGenerator().defined()) {
         tpu = v.toGenerator();
         // (As lowered random ops and CUDA's kernels: a CPU generator is refused.)
         TORCH_CHECK(tpu.device().type() == c10::DeviceType::PrivateUse1,
                     "torch_pjrt: expected a tpu generator, got one for ", tpu.device());
       } else {
-        tpu = device::default_generator(fallback_device(torch::jit::last(*stack, sargs.size())));
+        tpu = device::default_generator(*dev);
       }
       at::Generator cpu = at::detail::createCPUGenerator();
       {
