@@ -413,7 +413,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   inst.foreach = st.foreach;
   runtime::OpLabel label(display);
   const lowering::LoweringInfo* info = st.info;
-  if (info && !lowering_handles_dtypes(base, args, schema)) info = nullptr;
+  bool dtype_refused = info && !lowering_handles_dtypes(base, args, schema);
+  if (dtype_refused) info = nullptr;
   if (st.self_apart_from_inputs && args[0].isTensor()) {
     const at::Tensor& self = args[0].toTensor();
     auto apart_from = [&](const at::Tensor& t) {
@@ -447,7 +448,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     args = torch::jit::last(*stack, nargs);
   }
   if (!info) {
-    run_on_cpu(op, stack, /*dtype_limited=*/st.info != nullptr);
+    run_on_cpu(op, stack, dtype_refused);
     return;
   }
 
