@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <sstream>
 #include <stdexcept>
@@ -15,8 +16,6 @@
 #include "eager/cpu_threads.h"
 #include "eager/env.h"
 #include "eager/ivalue_tensors.h"
-
-#include <set>
 
 namespace torch_pjrt::eager {
 

@@ -91,6 +91,8 @@ std::vector<int> GraphProgram::cpu_inputs(const std::vector<std::pair<int, Tenso
   return ids;
 }
 
+GraphProgram::GraphProgram() { b_.set_f32_precision(device::f32_matmul_precision()); }
+
 GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::string& overload,
                                             std::vector<lowering::Arg> args,
                                             const std::vector<std::optional<TensorType>>& outputs) {
@@ -106,7 +108,6 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
   ctx.checks_enabled = eager::checks_enabled();
   ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
-  b_.set_f32_precision(device::f32_matmul_precision());  // (as when the graph is lowered)
   for (const auto& o : outputs) ctx.outputs.push_back(o ? *o : TensorType{DType::F32, {0}});
   std::vector<Value> res = info->fn(ctx);
   for (const auto& c : ctx.checks) {

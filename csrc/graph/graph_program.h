@@ -47,6 +47,7 @@ struct OutputSpec {
 
 class GraphProgram {
  public:
+  GraphProgram();  // (reads torch's float32 matmul precision: the graph's dots take it)
   // A tensor graph input (tpu or CPU tensor of `type`), parameter of the program.
   int input(int input_index, const lowering::TensorType& type);
   // A tpu input that is a view (strided, offset, or part of a larger

@@ -17,6 +17,12 @@ Value splat_like(Builder& b, double v, const Value& like) {
   return b.splat(is_float(like.dtype()) || is_complex(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }
 
+void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shape& b, int64_t b_inner) {
+  if (a.size() != 2 || b.size() != 2 || a[1] != b[b_inner])
+    ctx.fail("mat1 and mat2 shapes cannot be multiplied (" + std::to_string(a.at(0)) + "x" +
+             std::to_string(a.at(1)) + " and " + std::to_string(b.at(0)) + "x" + std::to_string(b.at(1)) + ")");
+}
+
 DType math_dtype(DType out) {
   return out == DType::F16 || out == DType::BF16 || is_float8(out) ? DType::F32 : out;
 }

@@ -19,6 +19,9 @@ Value splat_like(Builder& b, double v, const Value& like);
 
 // Half types are computed in float32 and rounded once, as PyTorch's CPU kernels do.
 DType math_dtype(DType out);
+// Raises CPU's "mat1 and mat2 shapes cannot be multiplied" unless a and b are
+// matrices whose inner dims (a's dim 1, b's dim `b_inner`) agree.
+void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shape& b, int64_t b_inner);
 // `fn` applied to ctx.tensor("self") in the output's math dtype, rounded to the output dtype.
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);

@@ -7,19 +7,10 @@
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
-namespace {
-
-void check_inner(const LoweringContext& c, const Shape& a, const Shape& b, int64_t b_inner) {
-  if (a.size() != 2 || b.size() != 2 || a[1] != b[b_inner])
-    c.fail("mat1 and mat2 shapes cannot be multiplied (" + std::to_string(a.at(0)) + "x" + std::to_string(a.at(1)) +
-           " and " + std::to_string(b.at(0)) + "x" + std::to_string(b.at(1)) + ")");
-}
-
-}  // namespace
 
 TORCH_PJRT_LOWERING("_int_mm", [](LoweringContext& c) {
   Value a = c.tensor("self"), b = c.tensor("mat2");
-  check_inner(c, a.shape(), b.shape(), 0);
+  check_matrix_product(c, a.shape(), b.shape(), 0);
   if (a.dtype() != b.dtype()) {  // uint8 x int8 (CPU takes it): XLA's dot wants one operand type
     a = c.b.convert(a, DType::I32);
     b = c.b.convert(b, DType::I32);
@@ -30,7 +21,7 @@ TORCH_PJRT_LOWERING("_int_mm", [](LoweringContext& c) {
 TORCH_PJRT_LOWERING("_weight_int8pack_mm", [](LoweringContext& c) {
   Builder& b = c.b;
   const Value &x = c.tensor("self"), &w = c.tensor("mat2");
-  check_inner(c, x.shape(), w.shape(), 1);
+  check_matrix_product(c, x.shape(), w.shape(), 1);
   Value p = b.dot_general(b.convert(x, DType::F32), b.convert(w, DType::F32), {}, {}, {1}, {1}, DType::F32);
   Value s = b.broadcast_in_dim(b.convert(c.tensor("scales"), DType::F32), p.shape(), {1});
   return std::vector<Value>{b.convert(b.binary("multiply", p, s), c.out().dtype)};

@@ -20,11 +20,8 @@ Value scaled(Builder& b, const Value& m, const Value& scale) {
 Value scaled_product(LoweringContext& c, const Value& scale_a, const Value& scale_b,
                      const std::optional<Value>& bias, const std::optional<Value>& scale_result) {
   Builder& b = c.b;
-  const Shape &sa = c.tensor("self").shape(), &sb = c.tensor("mat2").shape();
   // (PyTorch's Meta kernel checks the scales but not this; CPU's kernel does.)
-  if (sa.size() != 2 || sb.size() != 2 || sa[1] != sb[0])
-    c.fail("mat1 and mat2 shapes cannot be multiplied (" + std::to_string(sa.at(0)) + "x" + std::to_string(sa.at(1)) +
-           " and " + std::to_string(sb.at(0)) + "x" + std::to_string(sb.at(1)) + ")");
+  check_matrix_product(c, c.tensor("self").shape(), c.tensor("mat2").shape(), 0);
   Value x = scaled(b, c.tensor("self"), scale_a);
   Value y = scaled(b, c.tensor("mat2"), scale_b);
   Value p = b.dot_general(x, y, {}, {}, {1}, {0}, DType::F32);
