@@ -715,3 +715,86 @@ def test_a_persistent_argument_accumulates_its_gradient_over_replays():
         torch.testing.assert_close(gx, rx, rtol=RTOL, atol=ATOL)
         for a, b in zip(gp, rp):
             torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_a_step_returning_a_live_autograd_graph_is_not_replayed():
+    # Its caller may backpropagate through an earlier call's result; a replay
+    # would neither rebuild that graph nor keep the values it saved (it wrote
+    # the next call's intermediates over them: gradients off by ~4 before).
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    dev = torch.nn.Linear(8, 8).to("tpu")
+    dev.load_state_dict(lin.state_dict())
+    captured = torch_pjrt.capture_step(lambda x: dev(x).tanh() * 2)
+    xs = [torch.randn(4, 8) for _ in range(6)]
+    with pytest.warns(RuntimeWarning, match="autograd graph no backward in the step went through"):
+        outs = [captured(x.to("tpu")) for x in xs]
+    assert captured.replayable(xs[0].to("tpu"))[0] is False
+    assert all(o.grad_fn is not None for o in outs)  # as eager: every result carries its graph
+    outs[2].sum().backward()
+    (lin(xs[2]).tanh() * 2).sum().backward()
+    torch.testing.assert_close(dev.weight.grad.cpu(), lin.weight.grad, rtol=RTOL, atol=ATOL)
+
+
+def test_a_training_step_inside_an_autocast_region_replays_and_matches_fused_eager():
+    # autocast's cache of weight casts lives until the region's exit, after
+    # the step: recorded with it, every replay found a freed cast and recorded
+    # again (no replay at all).
+    def run(capture):
+        torch.manual_seed(0)
+        model = _model().to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+        step = _train_step(model, opt)
+        step = torch_pjrt.capture_step(step) if capture else step
+        losses = []
+        for x, y in _batches(8):
+            with torch.autocast("tpu", dtype=torch.bfloat16):
+                if capture:
+                    losses.append(step(x.to("tpu"), y.to("tpu")).cpu())
+                else:
+                    with torch_pjrt.fused():
+                        losses.append(step(x.to("tpu"), y.to("tpu")).cpu())
+        return torch.stack(losses), [p.cpu() for p in model.parameters()]
+
+    want, want_params = run(False)
+    m0 = torch_pjrt.metrics()
+    got, got_params = run(True)
+    assert _delta(m0, "capture_replays") == 5
+    assert _delta(m0, "capture_recordings") == 2
+    torch.testing.assert_close(got, want)
+    for p, q in zip(got_params, want_params):
+        torch.testing.assert_close(p, q)
+
+
+def test_a_recording_is_kept_per_default_dtype_autocast_dtype_and_matmul_precision():
+    captured = torch_pjrt.capture_step(lambda x: x + torch.ones(3, device="tpu"))
+    x = torch.randn(3, device="tpu")
+    try:
+        for dtype in [torch.float32] * 4 + [torch.float64] * 4:
+            torch.set_default_dtype(dtype)
+            assert captured(x).dtype == dtype  # float32 + a factory of the default dtype
+    finally:
+        torch.set_default_dtype(torch.float32)
+    lin = torch.nn.Linear(4, 4).to("tpu")
+    step = torch_pjrt.capture_step(lambda x: lin(x).float().sum())
+    x = torch.randn(2, 4, device="tpu")
+    seen = []
+    with torch.no_grad():
+        for dtype in [torch.bfloat16] * 4 + [torch.float16]:
+            with torch.autocast("tpu", dtype=dtype):
+                assert step(x).dtype == torch.float32
+                seen.append(step.replayable(x)[0])
+    # warm-up, recording, replays; the first float16 call is a new signature
+    # (warming up), not a replay of the bfloat16 program
+    assert seen == [None, None, True, True, None]
+    before = torch.get_float32_matmul_precision()
+    seen = []
+    try:
+        with torch.no_grad():
+            for precision in ["highest"] * 4 + ["high"]:
+                torch.set_float32_matmul_precision(precision)
+                step(x)
+                seen.append(step.replayable(x)[0])
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == [None, None, True, True, None]

@@ -33,7 +33,11 @@ autograd then computes other grads, and the optimizer steps other
 parameters). Other Python numbers the step reads are baked in. A replay sets
 the ``.grad`` of its leaf arguments that require grad as the step's backward
 did (a new tensor, or added to the one the argument had; whether it had one
-is part of the signature). After
+is part of the signature). Grad mode, autocast and its dtype, the default
+dtype and the float32 matmul precision are part of the signature too. A step
+that returns a tensor carrying an autograd graph no backward in it went
+through (a forward with grad enabled) is not replayed: a replay cannot build
+the graph its caller may backpropagate through. After
 replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
 ``model.eval()``), call ``step.reset()`` (state that was replaced and freed
 is noticed anyway: the call records the step again). Each argument geometry (shapes,
@@ -128,7 +132,7 @@ class CapturedStep:
 
     def _key(self, args, kwargs):
         if not kwargs:  # the common case, without flattening: positional tpu tensors
-            key = [len(args), torch.is_grad_enabled(), torch.is_autocast_enabled("tpu")]
+            key = [len(args), *_modes()]
             for a in args:
                 if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
                     break
@@ -137,7 +141,7 @@ class CapturedStep:
             else:
                 return tuple(key), list(args)
         leaves, spec = tree_flatten((args, kwargs))
-        key = [spec, torch.is_grad_enabled(), torch.is_autocast_enabled("tpu")]
+        key = [spec, *_modes()]
         tensors = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
@@ -207,9 +211,18 @@ class CapturedStep:
         # Leaf arguments that require grad: a backward in the step sets or adds to their .grad.
         grad_args = [i for i, a in enumerate(tensors) if a.requires_grad and a.is_leaf]
         grads_before = [tensors[i].grad for i in grad_args]
+        # Autocast's cache of weight casts outlives the step when an autocast
+        # region encloses the call: a recording would read a cast the region's
+        # exit frees, and never replay. Recorded without it, each cast is in
+        # the step's program. (Only then: Dynamo guards on the setting, and a
+        # compiled piece in the step would be compiled again.)
+        cache = torch.is_autocast_cache_enabled()
+        outer_autocast = cache and torch.is_autocast_enabled("tpu")
         with _fused():
             _state.C.capture_begin()
             _recording[0] += 1
+            if outer_autocast:
+                torch.set_autocast_cache_enabled(False)
             try:
                 with Watch() as watch:
                     out = self.fn(*args, **kwargs)
@@ -217,6 +230,8 @@ class CapturedStep:
                 _state.C.capture_abort()
                 raise
             finally:
+                if outer_autocast:
+                    torch.set_autocast_cache_enabled(True)
                 _recording[0] -= 1
             leaves, spec = tree_flatten(out)
             tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -226,7 +241,7 @@ class CapturedStep:
                 returned_grads = {at for at, _ in grads[2]}
                 tensor_at = [at for at in tensor_at if at not in returned_grads]
             recording = _state.C.capture_end(list(tensors) + grad_inputs, [leaves[i] for i in tensor_at] + new_grads)
-        own = _state.C.capture_recording_problem(recording) or watch.problem
+        own = _state.C.capture_recording_problem(recording) or watch.problem or _graph_outlives(leaves, tensor_at)
         problem = own or (_state.C.capture_problem(sig.last, recording) if sig.last is not None else "")
         if not problem and sig.last is not None and grads != sig.last_grads:
             problem = "two calls set the .grad of their arguments differently"
@@ -281,6 +296,58 @@ class CapturedStep:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(f"torch_pjrt.capture_step({name}): not replayed, running it under fused eager on every "
                       f"call instead: {why}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def _graph_outlives(leaves, tensor_at):
+    """Why a recording cannot be replayed when a tensor the step returns
+    carries an autograd graph that no backward in the step went through ('' if
+    none): the caller may still backpropagate through it, and a replay neither
+    rebuilds the graph nor may overwrite the values it saved. A node whose
+    saved tensors were freed was gone through; where no node tells, the graph
+    counts as live."""
+    todo = [leaves[i].grad_fn for i in tensor_at if leaves[i].grad_fn is not None]
+    if not todo:
+        return ""
+    seen, freed = set(), False
+    while todo and len(seen) < 100_000:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        state = None
+        for name in [a for a in dir(node) if a.startswith("_saved_")] + ["saved_tensors"]:
+            try:
+                value = getattr(node, name)
+            except AttributeError:
+                continue
+            except RuntimeError:  # "Trying to backward through the graph a second time ..."
+                state = "freed"
+                break
+            if isinstance(value, torch.Tensor) or (
+                    isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value)):
+                state = "live"
+                break
+        if state == "live":
+            break
+        if state == "freed":
+            freed = True
+            continue
+        todo.extend(f for f, _ in node.next_functions)
+    else:
+        if freed:
+            return ""
+    return ("it returns a tensor whose autograd graph no backward in the step went through (a replay cannot "
+            "rebuild it): call backward inside the step, or return .detach() or run it under torch.no_grad()")
+
+
+def _modes():
+    """The global settings that change what a step's ops compute or make: a
+    recording under one is not replayed under another (autocast to another
+    dtype, another default dtype for factories, another float32 matmul
+    precision, which the step's dots carry)."""
+    autocast = torch.is_autocast_enabled("tpu")
+    return (torch.is_grad_enabled(), autocast and torch.get_autocast_dtype("tpu"), torch.get_default_dtype(),
+            torch.get_float32_matmul_precision())
 
 
 def _grad_key(a):
