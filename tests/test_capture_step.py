@@ -798,3 +798,22 @@ def test_a_recording_is_kept_per_default_dtype_autocast_dtype_and_matmul_precisi
     finally:
         torch.set_float32_matmul_precision(before)
     assert seen == [None, None, True, True, None]
+
+
+def test_signatures_kept_are_bounded_and_the_hot_one_survives():
+    # A Python number that changes every call makes a new signature each
+    # time: without a bound a long run kept one per call.
+    from torch_pjrt import step_capture
+    w = torch.randn(8, 8)
+    wd = w.to("tpu")
+    captured = torch_pjrt.capture_step(lambda x, scale: (x @ wd * scale).sum())
+    x = torch.randn(8, 8)
+    xd = x.to("tpu")
+    n = step_capture._MAX_SIGNATURES
+    with pytest.warns(RuntimeWarning, match="more than 256 different argument signatures"):
+        for i in range(n + 50):
+            captured(xd, 1.0)  # the hot signature, used every call
+            got = captured(xd, 0.5 + i)
+    torch.testing.assert_close(got.cpu(), (x @ w * (0.5 + n + 49)).sum(), rtol=1e-5, atol=1e-3)
+    assert len(captured._signatures) <= n
+    assert captured.replayable(xd, 1.0)[0] is True  # kept: recently used

@@ -64,6 +64,7 @@ __all__ = ["capture_step", "CapturedStep"]
 _recording = [0]  # steps being recorded now (a captured step called inside one runs inline)
 _noting = [None]  # the _Signature whose programs are being noted for its manifest (one at a time)
 _MANIFEST_DIR = "capture"  # under the persistent cache's directory
+_MAX_SIGNATURES = 256  # kept per step; the least recently used half goes beyond
 _MAX_FAILURES = 3  # recordings in a row that cannot be replayed (or disagree) before giving up
 
 
@@ -82,12 +83,13 @@ class _Signature:
     """What one argument signature has seen: calls, the last recording, and
     then the replayable recording (or why there is none)."""
 
-    __slots__ = ("calls", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures",
+    __slots__ = ("calls", "used", "last", "recording", "problem", "out_spec", "out_leaves", "tensor_at", "failures",
                  "manifest", "optimizers", "grads", "last_grads")
     # out_spec None with a recording: the step returns a single tensor.
 
     def __init__(self):
         self.calls = 0
+        self.used = 0  # the call that used it last (CapturedStep._tick)
         self.last = None
         self.recording = None
         self.problem = None
@@ -113,6 +115,7 @@ class CapturedStep:
         self.fn = fn
         self.warmup = warmup
         self._signatures: dict = {}
+        self._tick = 0  # calls, for the signatures' last use
         self._warned: set = set()  # reasons already warned about
         functools.update_wrapper(self, fn)
 
@@ -169,8 +172,12 @@ class CapturedStep:
                 return self.fn(*args, **kwargs)
         sig = self._signatures.get(key)
         if sig is None:
+            if len(self._signatures) >= _MAX_SIGNATURES:
+                self._forget_least_used()
             sig = self._signatures[key] = _Signature()
             self._warm_start(sig, key)
+        self._tick += 1
+        sig.used = self._tick
         if sig.recording is not None and sig.optimizers and not unchanged(sig.optimizers):
             sig.recording = sig.last = None  # e.g. a new learning rate: record the step again
         if sig.recording is not None:
@@ -287,6 +294,21 @@ class CapturedStep:
         if _noting[0] is None:
             _noting[0] = sig
             _state.C.capture_note_programs(True)
+
+    def _forget_least_used(self):
+        """Bounds the signatures kept (a number that changes every call, passed
+        as a Python number, makes a new one each call): the least recently
+        used half goes, with a warning the first time."""
+        by_use = sorted(self._signatures.items(), key=lambda kv: kv[1].used)
+        for key, _ in by_use[:len(by_use) // 2]:
+            del self._signatures[key]
+        if "too many signatures" not in self._warned:
+            self._warned.add("too many signatures")
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            warnings.warn(f"torch_pjrt.capture_step({name}): called with more than {_MAX_SIGNATURES} different "
+                          "argument signatures (shapes, dtypes or non-tensor argument values; each is warmed up "
+                          "and recorded on its own), the least recently used are forgotten: pass a number that "
+                          "changes every call as a tpu tensor", RuntimeWarning, stacklevel=3)
 
     def _warn_once(self, why, stacklevel):
         """Warns (once per reason) at the line that called the step."""
