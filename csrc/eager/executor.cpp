@@ -224,7 +224,9 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       // StableHLO's elementwise ops take complex operands as they are (forward only:
       // their backward ops are not listed, the CPU computes them with the conj).
       "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num",
-      "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod"};
+      "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod",
+      // |z| rounded as CPU (complex_abs.cpp), then the real norm
+      "linalg_vector_norm", "norm"};
   // float8: conversions and data movement; CPU's kernels do the rest (and
   // raise CPU's NotImplementedError where it has no float8 kernel).
   static const std::set<std::string> float8_ops = {

@@ -26,6 +26,8 @@ void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shap
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);
 Value erf(Builder& b, const Value& x);
+// |z| of a complex tensor, rounded as CPU's hypot (complex_abs.cpp).
+Value complex_abs(Builder& b, const Value& z);
 // gelu of `x` in x's dtype: exact (erf) or the tanh approximation.
 Value gelu_value(Builder& b, const Value& x, bool tanh_approximation);
 // Numerically stable softmax (or log_softmax) of `x` along `dim`, in x's dtype:

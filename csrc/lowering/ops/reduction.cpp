@@ -224,10 +224,11 @@ std::vector<Value> vector_norm(LoweringContext& ctx) {
     ctx.fail(std::string("linalg.vector_norm: Expected a floating point or complex tensor as input. Got ") +
              scalar_type_name(in));
   DType acc = acc_dtype(ctx.out().dtype);
-  Value x = b.convert(ctx.tensor("self"), acc);
-  auto dims = reduced_dims(ctx, x);
+  const Value& self = ctx.tensor("self");
+  // (complex: |z| in the real dtype, then the real norm, as CPU)
+  Value a = is_complex(in) ? b.convert(complex_abs(b, self), acc) : b.unary("abs", b.convert(self, acc));
+  auto dims = reduced_dims(ctx, a);
   double p = ctx.to_double("ord", 2.0);
-  Value a = b.unary("abs", x);
   Value r = std::isinf(p) ? max_or_min(b, a, dims, p > 0) : finite_p_norm(b, a, dims, p, acc);
   return {b.reshape(r, ctx.out().shape)};
 }

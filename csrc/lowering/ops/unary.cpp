@@ -34,16 +34,7 @@ std::vector<Value> abs(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Value x = ctx.tensor("self");
   if (is_unsigned(x.dtype()) || x.dtype() == DType::Bool) return {x};
-  if (is_complex(x.dtype())) {
-    // |z| with hypot's special values, as CPU: inf when either part is
-    // infinite (even beside a NaN), else NaN when either part is NaN. XLA's
-    // scaled abs drops a NaN part beside a finite one (|1e-3 + nan j| = 0.0014).
-    Value r = b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
-    Value re = b.unary("abs", real_part(b, x)), im = b.unary("abs", imag_part(b, x));
-    Value inf = splat_like(b, INFINITY, r), sum = b.binary("add", re, im);
-    r = b.select(b.compare(Cmp::NE, sum, sum), sum, r);  // sum is NaN if either part is
-    return {b.select(b.binary("or", b.compare(Cmp::EQ, re, inf), b.compare(Cmp::EQ, im, inf)), inf, r)};
-  }
+  if (is_complex(x.dtype())) return {complex_abs(b, x)};
   return {b.unary("abs", x)};
 }
 
