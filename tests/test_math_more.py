@@ -178,6 +178,20 @@ def test_binary_integer_inputs_as_cpu(name, dtypes):
     assert_same(fn(tpu(a), tpu(b)), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hypot_and_complex_sgn_round_as_cpu(dtype, no_cpu_fallback):
+    # std::hypot is within half an ulp; max * sqrt(1 + (min/max)^2) was an ulp
+    # off for a third of values (complex sgn divides by |z| the same way).
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50000, dtype=dtype, generator=g) * 10, torch.randn(50000, dtype=dtype, generator=g) * 10
+    assert torch.equal(torch.hypot(a.to("tpu"), b.to("tpu")).cpu(), torch.hypot(a, b))
+    z = torch.complex(a, b)
+    got, want = z.to("tpu").sgn().cpu(), z.sgn()
+    # (complex64: CPU's vectorized division differs in the last bit for ~1 in 10,000)
+    assert (got != want).sum() <= (0 if dtype == torch.float64 else 20)
+    torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=0)
+
+
 @pytest.mark.parametrize("name", ["atan2", "copysign", "fmax", "xlog1py", "hypot"])
 def test_binary_scalar_and_inplace_forms(name, no_cpu_fallback):
     a, b = make((3, 4), seed=5), make((3, 4), seed=6).abs()

@@ -39,22 +39,12 @@ std::vector<Value> atan2(LoweringContext& ctx) {
   return {ctx.b.convert(ctx.b.binary("atan2", p.a, p.o), p.out)};
 }
 
-// hypot = m sqrt(1 + (n/m)^2) for m = max(|a|, |b|), n = min: no overflow in
-// the squares, as std::hypot; inf when either is infinite (even beside NaN).
+// hypot, as std::hypot rounds it (hypot.cpp): inf when either is infinite
+// (even beside NaN).
 std::vector<Value> hypot(LoweringContext& ctx) {
   floats_only(ctx, "hypot_cpu");
-  Builder& b = ctx.b;
   Pair p = operands(ctx);
-  Value x = b.unary("abs", p.a), y = b.unary("abs", p.o);
-  Value x_big = b.compare(Cmp::GT, x, y);
-  Value m = b.select(x_big, x, y), n = b.select(x_big, y, x);
-  Value q = b.binary("divide", n, m);
-  Value r = b.binary("multiply", m, b.unary("sqrt", b.binary("add", splat_like(b, 1, q), b.binary("multiply", q, q))));
-  r = b.select(b.compare(Cmp::EQ, m, splat_like(b, 0, m)), m, r);
-  r = b.select(b.binary("or", is_nan(b, x), is_nan(b, y)), splat_like(b, NAN, r), r);
-  Value inf = splat_like(b, INFINITY, r);
-  r = b.select(b.binary("or", b.compare(Cmp::EQ, x, inf), b.compare(Cmp::EQ, y, inf)), inf, r);
-  return {b.convert(r, p.out)};
+  return {ctx.b.convert(hypot_as_cpu(ctx.b, p.a, p.o), p.out)};
 }
 
 // logaddexp = m + log1p(exp(-|a - b|)) for m = max(a, b); a when a == b is

@@ -26,7 +26,9 @@ void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shap
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);
 Value erf(Builder& b, const Value& x);
-// |z| of a complex tensor, rounded as CPU's hypot (complex_abs.cpp).
+// hypot(x, y) of float32/float64 x and y, and |z| of a complex tensor,
+// rounded as CPU's hypot (hypot.cpp).
+Value hypot_as_cpu(Builder& b, const Value& x, const Value& y);
 Value complex_abs(Builder& b, const Value& z);
 // gelu of `x` in x's dtype: exact (erf) or the tanh approximation.
 Value gelu_value(Builder& b, const Value& x, bool tanh_approximation);

@@ -90,9 +90,10 @@ std::vector<Value> sign(LoweringContext& ctx) {
   Value x = ctx.tensor("self");
   if (x.dtype() == DType::Bool) return {x};
   if (is_complex(x.dtype())) {
-    // sgn: x / |x|, 0 at 0.
-    Value a = b.op("stablehlo.abs", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
-    Value q = b.binary("divide", x, b.convert(a, x.dtype()));
+    // sgn: each part / |x| (rounded as CPU's), 0 at 0.
+    Value a = complex_abs(b, x);
+    Value q = b.op("stablehlo.complex", {b.binary("divide", real_part(b, x), a), b.binary("divide", imag_part(b, x), a)},
+                   x.type);
     return {b.select(b.compare(Cmp::EQ, a, splat_like(b, 0, a)), splat_like(b, 0, x), q)};
   }
   Value zero = splat_like(b, 0, x), one = splat_like(b, 1, x);

@@ -1,13 +1,14 @@
-// |z| of a complex tensor as PyTorch's CPU kernels round it. CPU takes
-// hypot(re, im) to within half an ulp (SLEEF's hypot, std::abs); XLA's
-// complex abs, max * sqrt(1 + (min/max)^2), is an ulp off for about a third
-// of complex128 values. That mattered where a value on tpu meets one from
-// CPU: the backward of an inf-norm that ran on the CPU compares |x| == norm,
-// found no maximum, and divided by zero. Here: both parts scaled by a power
-// of two (exact), the sum of squares in double-word arithmetic (Dekker's
-// exact products from Veltkamp splits, Knuth's two-sum), its square root
-// corrected once by the residual, and scaled back.
+// hypot(x, y) and |z| of a complex tensor as PyTorch's CPU kernels round
+// them. CPU takes hypot to within half an ulp (SLEEF's hypot, std::hypot,
+// std::abs); XLA's complex abs and the textbook max * sqrt(1 + (min/max)^2)
+// are an ulp off for about a third of values. That mattered where a value on
+// tpu meets one from CPU: the backward of an inf-norm that ran on the CPU
+// compares |x| == norm, found no maximum, and divided by zero. Here: both
+// parts scaled by a power of two (exact), the sum of squares in double-word
+// arithmetic (Dekker's exact products from Veltkamp splits, Knuth's two-sum),
+// its square root corrected once by the residual, and scaled back.
 #include <cmath>
+#include <stdexcept>
 
 #include "lowering/ops/common.h"
 
@@ -41,16 +42,13 @@ std::pair<Value, Value> exact_square(Builder& b, const Value& x, double splitter
 
 }  // namespace
 
-Value complex_abs(Builder& b, const Value& z) {
-  DType rt = real_dtype(z.dtype());
-  TensorType real{rt, z.shape()};
-  Value re = b.unary("abs", b.op("stablehlo.real", {z}, real));
-  Value im = b.unary("abs", b.op("stablehlo.imag", {z}, real));
-  if (rt != DType::F32 && rt != DType::F64) {  // (no such complex dtype here; XLA's abs)
-    return b.op("stablehlo.abs", {z}, real);
-  }
+Value hypot_as_cpu(Builder& b, const Value& x_in, const Value& y_in) {
+  DType rt = x_in.dtype();
+  if (rt != DType::F32 && rt != DType::F64) throw std::runtime_error("hypot_as_cpu: float32 or float64 only");
+  const TensorType& real = x_in.type;
+  Value re = b.unary("abs", x_in), im = b.unary("abs", y_in);
   Parts p = parts_of(rt);
-  TensorType ut{p.bits, z.shape()};
+  TensorType ut{p.bits, real.shape};
   auto bits_const = [&](int64_t v) { return b.splat(Scalar::from_int(v), ut); };
   auto add = [&](const Value& x, const Value& y) { return b.binary("add", x, y); };
   auto sub = [&](const Value& x, const Value& y) { return b.binary("subtract", x, y); };
@@ -88,6 +86,11 @@ Value complex_abs(Builder& b, const Value& z) {
   Value inf = splat_like(b, INFINITY, result), either = add(re, im);
   result = b.select(b.compare(Cmp::NE, either, either), either, result);
   return b.select(b.binary("or", b.compare(Cmp::EQ, re, inf), b.compare(Cmp::EQ, im, inf)), inf, result);
+}
+
+Value complex_abs(Builder& b, const Value& z) {
+  TensorType real{real_dtype(z.dtype()), z.shape()};
+  return hypot_as_cpu(b, b.op("stablehlo.real", {z}, real), b.op("stablehlo.imag", {z}, real));
 }
 
 }  // namespace torch_pjrt::lowering::ops
