@@ -79,6 +79,16 @@ def test_fallback_error_mode_raises_not_implemented():
     assert "NIE" in r.stdout and "aten::special_chebyshev_polynomial_t" in r.stdout and "TORCH_PJRT_FALLBACK=error" in r.stdout
 
 
+def test_fallback_warning_names_a_complex_scalar_that_decides_the_dtype():
+    # x * 1j on a float64 tensor runs on CPU for the complex scalar: the
+    # warning said only "(Double)".
+    r = run_python("import torch, torch_pjrt\nx = torch.ones(3, dtype=torch.float64, device='tpu')\n"
+                   "print((x * 1j).cpu().tolist())\n")
+    assert r.returncode == 0, r.stderr
+    assert "1j" in r.stdout
+    assert "for these dtypes (Double, a complex scalar)" in r.stderr, r.stderr
+
+
 def test_bad_fallback_mode_is_rejected():
     r = run_python("import torch, torch_pjrt\nx = torch.ones(3, device='tpu')\n"
                    "torch.special.chebyshev_polynomial_t(x, x)\n", TORCH_PJRT_FALLBACK="sometimes")

@@ -276,11 +276,20 @@ bool beyond_cpu(const c10::FunctionSchema& schema, const CpuError& err) {
 std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
   std::ostringstream os;
   bool first = true;
-  for_each_tensor(args, [&](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
-    os << (first ? "" : ", ") << c10::toString(t.scalar_type());
+  auto add = [&](const char* what) {
+    os << (first ? "" : ", ") << what;
     first = false;
+  };
+  bool complex_scalar = false;  // a Python complex number (x * 1j) decides the dtype too
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == c10::DeviceType::PrivateUse1)
+      add(c10::toString(t.scalar_type()));
+    else if (t.dim() == 0 && t.is_complex())
+      complex_scalar = true;
   });
+  for (const c10::IValue& v : args) complex_scalar |= v.isComplexDouble();
+  if (complex_scalar) add("a complex scalar");
   return os.str();
 }
 
