@@ -105,6 +105,39 @@ def test_batch_norm_functional_momentum_and_mixed_dtype():
     assert_same(rv_t, rv)
 
 
+def test_native_batch_norm_legit_is_lowered(no_cpu_fallback):
+    # What make_fx/functorch traces and decomposed exports call; it ran on the
+    # CPU fallback. Eval mode gives the saved statistics as CUDA does ([C]:
+    # the running mean and its invstd), as native_batch_norm here does.
+    aten = torch.ops.aten
+    x, w, b = make((3, 2, 4)), make((2,), seed=1), make((2,), seed=2)
+    rm, rv = make((2,), seed=3), make((2,), low=0.5, high=1.5, seed=4)
+    for training in [True, False]:
+        rm_c, rv_c, rm_t, rv_t = rm.clone(), rv.clone(), tpu(rm), tpu(rv)
+        got = aten._native_batch_norm_legit.default(tpu(x), tpu(w), tpu(b), rm_t, rv_t, training, 0.1, 1e-5)
+        want = aten._native_batch_norm_legit.default(x, w, b, rm_c, rv_c, training, 0.1, 1e-5)
+        assert_same(got[0], want[0])
+        assert_same(rm_t, rm_c)
+        assert_same(rv_t, rv_c)
+        if training:
+            assert_same(got[1], want[1])
+            assert_same(got[2], want[2])
+        else:
+            assert_same(got[1], rm)
+            assert_same(got[2], torch.rsqrt(rv + 1e-5))
+    got = aten._native_batch_norm_legit.no_stats(tpu(x), tpu(w), tpu(b), True, 0.1, 1e-5)
+    want = aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
+    for g, c in zip(got, want):
+        assert_same(g, c)
+
+
+def test_native_batch_norm_legit_without_stats_in_eval_mode_raises():
+    # CPU's kernel segfaults here; the error check asked it and crashed too.
+    x, w, b = tpu(make((3, 2, 4))), tpu(make((2,))), tpu(make((2,)))
+    with pytest.raises(Exception, match="running_mean and running_var must not be None in eval mode"):
+        torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, False, 0.1, 1e-5)
+
+
 def test_batch_norm_raises_like_cpu():
     bn = nn.BatchNorm1d(3)
     x = make((4, 5))  # wrong number of channels

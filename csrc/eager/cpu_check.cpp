@@ -149,10 +149,11 @@ bool same_failure(const c10::OperatorHandle& op, torch::jit::Stack stack, const 
 bool skipped(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, bool random,
              bool backward_ok = false) {
   if (random) return true;  // would draw from CPU's generator
-  // CPU kernels that crash the process on valid input: the bfloat16
-  // _weight_int8pack_mm kernel for K not a multiple of 8 (the Meta kernel and
-  // the lowering check these ops' arguments).
-  static const std::set<std::string> crashing = {"aten::_weight_int8pack_mm"};
+  // CPU kernels that crash the process: the bfloat16 _weight_int8pack_mm
+  // kernel for K not a multiple of 8, _native_batch_norm_legit.no_stats in
+  // eval mode (no running stats to read). The Meta kernel and the lowering
+  // check these ops' arguments.
+  static const std::set<std::string> crashing = {"aten::_weight_int8pack_mm", "aten::_native_batch_norm_legit"};
   if (crashing.count(schema.name())) return true;
   // Autograd's own calls: CPU's backward kernels take what CPU's forward
   // gives (a bfloat16 batch norm's float statistics), which the tpu forward

@@ -150,6 +150,8 @@ TORCH_PJRT_LOWERING("_native_batch_norm_legit_functional", batch_norm_functional
 // Eval mode: "training" is absent, so the lowering reads it as false.
 TORCH_PJRT_LOWERING("_native_batch_norm_legit_no_training", native_batch_norm);
 TORCH_PJRT_LOWERING("native_batch_norm", native_batch_norm);
+// (and .no_stats: training without running stats) what exported programs call
+TORCH_PJRT_LOWERING("_native_batch_norm_legit", native_batch_norm);
 TORCH_PJRT_LOWERING("native_batch_norm_backward", native_batch_norm_backward);
 
 }  // namespace torch_pjrt::lowering::ops
