@@ -225,8 +225,15 @@ def _place(v, device, is_device_arg=False):
     return v
 
 
+def _crashes_cpu(call):
+    """A call whose CPU kernel crashes the process (never run on CPU)."""
+    return call.name.startswith("_native_batch_norm_legit.no_stats") and not call.values.get("training", True)
+
+
 def run(call, device):
     """(result, tensor arguments afterwards) of the call on `device`."""
+    if device == "cpu" and _crashes_cpu(call):
+        raise RuntimeError(f"{call.name}: CPU's kernel segfaults in eval mode without running stats")
     schema = call.schema
     placed = {k: _place(v, device, k == "device") for k, v in call.values.items()}
     pos, kw, positional = [], {}, True
@@ -489,6 +496,9 @@ def hand_calls():
         Call("native_batch_norm", dict(bn, training=True)),
         Call("_native_batch_norm_legit_functional", dict(bn, training=True)),
         Call("_native_batch_norm_legit_no_training", bn),
+        Call("_native_batch_norm_legit", dict(bn, training=True)),
+        Call("_native_batch_norm_legit.no_stats",
+             {k: v for k, v in dict(bn, training=True).items() if not k.startswith("running")}),
         # optimizers, AMP
         _amp(0), _amp(1),
     ]
@@ -560,7 +570,8 @@ CUSTOM = {"_scaled_dot_product_fused_attention_overrideable": _sdpa,
 # ---- deriving in-place and out= forms -------------------------------------------------------
 
 RELATED = {"_native_batch_norm_legit_functional": "native_batch_norm",
-           "_native_batch_norm_legit_no_training": "native_batch_norm"}
+           "_native_batch_norm_legit_no_training": "native_batch_norm",
+           "_native_batch_norm_legit": "native_batch_norm"}
 
 
 def _result_parts(out):
