@@ -533,3 +533,26 @@ def test_scatter_and_index_reduce_max_min_propagate_nan(reduce, include_self, dt
     expected = self_.clone().index_reduce_(0, idx, src, reduce, **kw)
     actual = tpu(self_).index_reduce_(0, tpu(idx), tpu(src), reduce, **kw)
     torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_half_scatter_reductions_accumulate_in_float32_as_cpu(dt):
+    # CPU's scatter kernels sum float16/bfloat16 in float32 and round once: a
+    # bfloat16 sum of 1000 small values into one slot stalled at 8.0 on tpu
+    # (10.375 on CPU), and a mean was 3x too large. index_add stays in dt on
+    # both.
+    g = torch.Generator().manual_seed(0)
+    src = (torch.rand(1000, generator=g) * 0.02).to(dt)
+    idx = torch.zeros(1000, dtype=torch.long)
+    idx[::7] = 1
+    s = torch.rand(2, generator=g).to(dt)
+    calls = [lambda s, i, x: s.scatter_add(0, i, x),
+             lambda s, i, x: s.scatter_reduce(0, i, x, "sum"),
+             lambda s, i, x: s.scatter_reduce(0, i, x, "sum", include_self=False),
+             lambda s, i, x: s.scatter_reduce(0, i, x, "mean"),
+             lambda s, i, x: (s + 1).scatter_reduce(0, i[:100], x[:100] + 1, "prod"),
+             lambda s, i, x: s.scatter_reduce(0, i, x, "amax"),
+             lambda s, i, x: s.scatter(0, i[:5], 0.3333),
+             lambda s, i, x: s.index_add(0, i, x)]
+    for f in calls:
+        assert_same(f(tpu(s), tpu(idx), tpu(src)), f(s, idx, src), rtol=0, atol=0)

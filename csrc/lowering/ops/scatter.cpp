@@ -9,6 +9,8 @@
 // rejects here (except index_fill, which wraps them), are out of range too.
 #include <limits>
 
+#include <optional>
+
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
@@ -71,8 +73,10 @@ using ScatterFn = std::function<Value(const Value& base, const Value& updates, c
 // that receive updates start from the reduction's identity; mean divides by the
 // number of contributions (self counting as one when included; untouched
 // positions keep self), flooring for integers.
+// (`sum_dtype`: a mean's sum is rounded to it before the division, as CPU's
+// float32 accumulation of half types does.)
 Value reduce_into(Builder& b, const Value& self, const Value& updates, Reduce r, bool include_self,
-                  const ScatterFn& scat) {
+                  const ScatterFn& scat, std::optional<DType> sum_dtype = std::nullopt) {
   DType dt = self.dtype();
   Value base = self;
   if (!include_self && r != Reduce::Replace) base = scat(self, b.splat(identity(r, dt), updates.type), "");
@@ -90,6 +94,7 @@ Value reduce_into(Builder& b, const Value& self, const Value& updates, Reduce r,
   Value count = scat(include_self ? one : b.zeros(self.type), b.splat(Scalar::from_int(1), updates.type),
                      combine_op(Reduce::Sum, dt));
   count = b.select(b.compare(Cmp::EQ, count, b.zeros(self.type)), one, count);
+  if (sum_dtype && *sum_dtype != dt) res = b.convert(b.convert(res, *sum_dtype), dt);
   return is_float(dt) ? b.binary("divide", res, count) : floor_divide(b, res, count);
 }
 
@@ -99,7 +104,10 @@ Value reduce_into(Builder& b, const Value& self, const Value& updates, Reduce r,
 // part is used).
 
 struct ElementScatter {
-  Value self;         // at least rank 1, in the output dtype
+  // at least rank 1, in the output's math dtype: CPU's scatter kernels
+  // accumulate float16/bfloat16 in float32 (scatter_add, scatter_reduce, the
+  // deprecated scatter reduce=), rounding once at the end (done())
+  Value self;
   Value coords;       // index.shape + [rank], i64
   Shape update_shape; // index.shape
   ScatterFn scat;
@@ -114,7 +122,7 @@ ElementScatter element_scatter(LoweringContext& ctx) {
   // like CPU's, accept any dtype for an empty index: gather's backward).
   if (index.dtype() != DType::I64 && index.dtype() != DType::I32 && index.type.numel() > 0)
     ctx.fail("Expected dtype int32/int64 for index");
-  e.self = b.convert(self.rank() == 0 ? b.reshape(self, {1}) : self, ctx.out().dtype);
+  e.self = b.convert(self.rank() == 0 ? b.reshape(self, {1}) : self, math_dtype(ctx.out().dtype));
   int64_t dim = wrap_dim(ctx.to_int("dim", 0), self.rank());
   Value idx = index.rank() == 0 || self.rank() == 0 ? b.reshape(index, {index.type.numel()}) : index;
   e.update_shape = idx.shape();
@@ -141,7 +149,12 @@ ElementScatter element_scatter(LoweringContext& ctx) {
   return e;
 }
 
-// The leading index.shape part of src, in the output dtype.
+// The element scatter's result `r` as the op's output.
+Value done(LoweringContext& ctx, const Value& r) {
+  return ctx.b.reshape(ctx.b.convert(r, ctx.out().dtype), ctx.out().shape);
+}
+
+// The leading index.shape part of src, in the math dtype.
 Value src_updates(LoweringContext& ctx, const ElementScatter& e) {
   Builder& b = ctx.b;
   Value src = b.convert(ctx.tensor("src"), e.self.dtype());
@@ -154,27 +167,27 @@ Value src_updates(LoweringContext& ctx, const ElementScatter& e) {
 // scatter.src / .value / .reduce / .value_reduce (reduce = "add" | "multiply").
 std::vector<Value> scatter(LoweringContext& ctx) {
   ElementScatter e = element_scatter(ctx);
-  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {done(ctx, e.self)};
+  // (a value is rounded to the output dtype first, as CPU's scalar)
   Value upd = ctx.has("src") ? src_updates(ctx, e)
-                             : ctx.b.broadcast_to(ctx.operand("value", e.self.dtype()), e.update_shape);
+                             : ctx.b.convert(ctx.b.broadcast_to(ctx.operand("value", ctx.out().dtype), e.update_shape),
+                                             e.self.dtype());
   Reduce r = ctx.has("reduce") ? parse_reduce(ctx, ctx.str("reduce")) : Reduce::Replace;
-  return {ctx.b.reshape(e.scat(e.self, upd, combine_op(r, e.self.dtype())), ctx.out().shape)};
+  return {done(ctx, e.scat(e.self, upd, combine_op(r, e.self.dtype())))};
 }
 
 std::vector<Value> scatter_add(LoweringContext& ctx) {
   ElementScatter e = element_scatter(ctx);
-  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
-  Value r = e.scat(e.self, src_updates(ctx, e), combine_op(Reduce::Sum, e.self.dtype()));
-  return {ctx.b.reshape(r, ctx.out().shape)};
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {done(ctx, e.self)};
+  return {done(ctx, e.scat(e.self, src_updates(ctx, e), combine_op(Reduce::Sum, e.self.dtype())))};
 }
 
 // scatter_reduce.two(self, dim, index, src, reduce, include_self).
 std::vector<Value> scatter_reduce(LoweringContext& ctx) {
   ElementScatter e = element_scatter(ctx);
-  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {ctx.b.reshape(e.self, ctx.out().shape)};
-  Value r = reduce_into(ctx.b, e.self, src_updates(ctx, e), parse_reduce(ctx, ctx.str("reduce")),
-                        ctx.to_bool("include_self", true), e.scat);
-  return {ctx.b.reshape(r, ctx.out().shape)};
+  if (e.self.type.numel() == 0 || numel(e.update_shape) == 0) return {done(ctx, e.self)};
+  return {done(ctx, reduce_into(ctx.b, e.self, src_updates(ctx, e), parse_reduce(ctx, ctx.str("reduce")),
+                                ctx.to_bool("include_self", true), e.scat, ctx.out().dtype))};
 }
 
 // ---------------------------------------------------------------------------
