@@ -327,12 +327,12 @@ def _graph_outlives(leaves, tensor_at):
     rebuilds the graph nor may overwrite the values it saved. A node whose
     saved tensors were freed was gone through; where no node tells, the graph
     counts as live."""
-    todo = [leaves[i].grad_fn for i in tensor_at if leaves[i].grad_fn is not None]
-    if not todo:
+    pending = [leaves[i].grad_fn for i in tensor_at if leaves[i].grad_fn is not None]
+    if not pending:
         return ""
     seen, freed = set(), False
-    while todo and len(seen) < 100_000:
-        node = todo.pop()
+    while pending and len(seen) < 100_000:  # (bounded: past that, the nodes seen decide)
+        node = pending.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
@@ -354,7 +354,7 @@ def _graph_outlives(leaves, tensor_at):
         if state == "freed":
             freed = True
             continue
-        todo.extend(f for f, _ in node.next_functions)
+        pending.extend(f for f, _ in node.next_functions)
     else:
         if freed:
             return ""

@@ -27,18 +27,22 @@ Parts parts_of(DType t) {
   return {DType::U32, 23, 255, 4097.0};
 }
 
-// x * x as hi + lo exactly (x's square neither overflows nor underflows).
-std::pair<Value, Value> exact_square(Builder& b, const Value& x, double splitter) {
-  auto mul = [&](const Value& p, const Value& q) { return b.binary("multiply", p, q); };
-  auto sub = [&](const Value& p, const Value& q) { return b.binary("subtract", p, q); };
-  auto add = [&](const Value& p, const Value& q) { return b.binary("add", p, q); };
-  Value hi = mul(x, x);
-  Value t = mul(splat_like(b, splitter, x), x);
-  Value xh = sub(t, sub(t, x)), xl = sub(x, xh);
-  Value cross = mul(mul(xh, xl), splat_like(b, 2, x));
-  Value lo = add(add(sub(mul(xh, xh), hi), cross), mul(xl, xl));
-  return {hi, lo};
-}
+// Elementwise float arithmetic, written as formulas.
+struct Arith {
+  Builder& b;
+  Value add(const Value& p, const Value& q) const { return b.binary("add", p, q); }
+  Value sub(const Value& p, const Value& q) const { return b.binary("subtract", p, q); }
+  Value mul(const Value& p, const Value& q) const { return b.binary("multiply", p, q); }
+
+  // x * x as hi + lo exactly (x's square neither overflows nor underflows).
+  std::pair<Value, Value> exact_square(const Value& x, double splitter) const {
+    Value hi = mul(x, x);
+    Value t = mul(splat_like(b, splitter, x), x);
+    Value xh = sub(t, sub(t, x)), xl = sub(x, xh);
+    Value cross = mul(mul(xh, xl), splat_like(b, 2, x));
+    return {hi, add(add(sub(mul(xh, xh), hi), cross), mul(xl, xl))};
+  }
+};
 
 }  // namespace
 
@@ -50,9 +54,10 @@ Value hypot_as_cpu(Builder& b, const Value& x_in, const Value& y_in) {
   Parts p = parts_of(rt);
   TensorType ut{p.bits, real.shape};
   auto bits_const = [&](int64_t v) { return b.splat(Scalar::from_int(v), ut); };
-  auto add = [&](const Value& x, const Value& y) { return b.binary("add", x, y); };
-  auto sub = [&](const Value& x, const Value& y) { return b.binary("subtract", x, y); };
-  auto mul = [&](const Value& x, const Value& y) { return b.binary("multiply", x, y); };
+  Arith a{b};
+  auto add = [&](const Value& x, const Value& y) { return a.add(x, y); };
+  auto sub = [&](const Value& x, const Value& y) { return a.sub(x, y); };
+  auto mul = [&](const Value& x, const Value& y) { return a.mul(x, y); };
 
   // The larger part's biased exponent E (clamped to the normal range) and
   // inv = 2^(bias + 1 - E): big * inv is in [2, 4), or below for subnormals.
@@ -65,8 +70,8 @@ Value hypot_as_cpu(Builder& b, const Value& x_in, const Value& y_in) {
   Value x = mul(re, inv), y = mul(im, inv);
 
   // s = x^2 + y^2 as hi + lo.
-  auto [x2, x2_lo] = exact_square(b, x, p.splitter);
-  auto [y2, y2_lo] = exact_square(b, y, p.splitter);
+  auto [x2, x2_lo] = a.exact_square(x, p.splitter);
+  auto [y2, y2_lo] = a.exact_square(y, p.splitter);
   Value s = add(x2, y2);
   Value bv = sub(s, x2);
   Value s_lo = add(add(sub(x2, sub(s, bv)), sub(y2, bv)), add(x2_lo, y2_lo));
@@ -75,7 +80,7 @@ Value hypot_as_cpu(Builder& b, const Value& x_in, const Value& y_in) {
 
   // r = sqrt(hi + lo), corrected by its residual: r + (hi + lo - r^2) / 2r.
   Value r = b.unary("sqrt", hi);
-  auto [r2, r2_lo] = exact_square(b, r, p.splitter);
+  auto [r2, r2_lo] = a.exact_square(r, p.splitter);
   Value residual = add(sub(sub(hi, r2), r2_lo), lo);
   Value zero = b.zeros(real);
   Value fixed = add(r, b.binary("divide", residual, mul(r, splat_like(b, 2, r))));

@@ -253,8 +253,7 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
   bool integral = !is_float(in_dt);
   // (CPU's 2-d bilinear kernel keeps float16/bfloat16 weights in float32;
   // its linear, trilinear and bicubic kernels round them to the input dtype)
-  DType weight_dt = integral || (sp.kind == Kind::Linear && sp.nd == 2) ? math_dtype(in_dt) : in_dt;
-  if (integral) weight_dt = DType::F32;
+  DType weight_dt = integral ? DType::F32 : sp.kind == Kind::Linear && sp.nd == 2 ? math_dtype(in_dt) : in_dt;
   if (!nearest) x = b.convert(x, integral ? DType::F32 : math_dtype(in_dt));
   for (int i = sp.nd - 1; i >= 0; --i) {
     int64_t d = x.rank() - sp.nd + i;
