@@ -374,6 +374,32 @@ def test_reset_after_replacing_the_optimizer():
         torch.testing.assert_close(captured(x.to("tpu"), y.to("tpu")).cpu(), step_r(x, y), rtol=RTOL, atol=ATOL)
 
 
+def test_a_step_follows_its_model_into_eval_mode_and_back():
+    """model.eval() between calls: batch norm then uses its running
+    statistics, as on CPU, not the recording made in training mode; back in
+    training mode the first recording replays again."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+
+    def forward_of(model):
+        def forward(x):
+            with torch.no_grad():
+                return model(x)
+        return forward
+
+    ref, dev = make(), make().to("tpu")
+    step_r, step_d = forward_of(ref), torch_pjrt.capture_step(forward_of(dev))
+    before = torch_pjrt.metrics()
+    for mode in (True, False, True, False):
+        ref.train(mode)
+        dev.train(mode)
+        for x, _ in _batches(4):
+            torch.testing.assert_close(step_d(x.to("tpu")).cpu(), step_r(x), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(dev[1].running_mean.cpu(), ref[1].running_mean, rtol=RTOL, atol=ATOL)
+    assert _delta(before, "capture_replays") >= 10  # 16 calls; 3 warm up and record per mode
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="callable"):
         torch_pjrt.capture_step(3)

@@ -34,12 +34,17 @@ parameters). Other Python numbers the step reads are baked in. A replay sets
 the ``.grad`` of its leaf arguments that require grad as the step's backward
 did (a new tensor, or added to the one the argument had; whether it had one
 is part of the signature). Grad mode, autocast and its dtype, the default
-dtype and the float32 matmul precision are part of the signature too. A step
+dtype and the float32 matmul precision are part of the signature too, and
+so is the train/eval mode of the modules the step reaches by name (its
+globals, closure cells, bound object, and those objects' attributes) whose
+code reads ``training``: after ``model.eval()`` the step is recorded in eval
+mode, and back in training mode the training recording replays. A step
 that returns a tensor carrying an autograd graph no backward in it went
 through (a forward with grad enabled) is not replayed: a replay cannot build
 the graph its caller may backpropagate through. After
-replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``,
-``model.eval()``), call ``step.reset()`` (state that was replaced and freed
+replacing a model's or optimizer's tensors (a new optimizer, ``model.to()``),
+or changing the mode of a module the step reaches otherwise, call
+``step.reset()`` (state that was replaced and freed
 is noticed anyway: the call records the step again). Each argument geometry (shapes,
 strides, dtypes) and each set of non-tensor arguments is recorded
 separately. See docs/ARCHITECTURE.md, "Step capture"."""
@@ -51,6 +56,7 @@ import functools
 import hashlib
 import json
 import os
+import types
 import warnings
 
 import torch
@@ -117,12 +123,14 @@ class CapturedStep:
         self._signatures: dict = {}
         self._tick = 0  # calls, for the signatures' last use
         self._warned: set = set()  # reasons already warned about
+        self._modules = None  # the modules the step reaches by name (_modules_of), found at the first call
         functools.update_wrapper(self, fn)
 
     def reset(self):
         """Forgets every recording: the next calls warm up and record again
         (after the model's or optimizer's tensors were replaced)."""
         self._signatures.clear()
+        self._modules = None
 
     def replayable(self, *args, **kwargs):
         """Whether a call with these arguments replays a recording (None while
@@ -134,8 +142,13 @@ class CapturedStep:
         return sig.recording is not None, sig.problem
 
     def _key(self, args, kwargs):
+        modules = self._modules
+        if modules is None:
+            modules = self._modules = _modules_of(self.fn)
+        # Their train/eval flags: dropout and batch norm record other ops in eval mode.
+        training = tuple([m.training for m in modules])
         if not kwargs:  # the common case, without flattening: positional tpu tensors
-            key = [len(args), *_modes()]
+            key = [len(args), training, *_modes()]
             for a in args:
                 if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
                     break
@@ -144,7 +157,7 @@ class CapturedStep:
             else:
                 return tuple(key), list(args)
         leaves, spec = tree_flatten((args, kwargs))
-        key = [spec, *_modes()]
+        key = [spec, training, *_modes()]
         tensors = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
@@ -153,6 +166,8 @@ class CapturedStep:
                 key.append((leaf.device.index, leaf.dtype, tuple(leaf.shape), leaf.stride(),
                             leaf.storage_offset(), leaf.requires_grad and _grad_key(leaf)))
                 tensors.append(leaf)
+            elif isinstance(leaf, torch.nn.Module):  # a model passed in: by identity and mode
+                key.append((leaf, tuple([m.training for m in leaf.modules() if _reads_training(type(m))])))
             else:
                 key.append((type(leaf), leaf))
         key = tuple(key)
@@ -370,6 +385,80 @@ def _modes():
     autocast = torch.is_autocast_enabled("tpu")
     return (torch.is_grad_enabled(), autocast and torch.get_autocast_dtype("tpu"), torch.get_default_dtype(),
             torch.get_float32_matmul_precision())
+
+
+def _modules_of(fn, depth=3):
+    """The nn.Modules (with their submodules) a step function reaches by name:
+    the globals its code names, its closure cells, a bound method's object, a
+    partial's arguments, the attributes of plain objects among those (a
+    trainer's model), and the same for the functions among them. A heuristic:
+    a module reached otherwise is not seen (step.reset() after its mode
+    changes)."""
+    found, seen = {}, set()
+
+    def visit(obj, depth):
+        if id(obj) in seen or depth < 0:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            for m in obj.modules():
+                found.setdefault(id(m), m)
+        elif isinstance(obj, functools.partial):
+            for o in (obj.func, *obj.args, *obj.keywords.values()):
+                visit(o, depth)
+        elif hasattr(obj, "__func__") and hasattr(obj, "__self__"):  # a bound method
+            visit(obj.__self__, depth)
+            visit(obj.__func__, depth)
+        elif hasattr(obj, "__code__"):  # a Python function
+            names, stack = set(), [obj.__code__]
+            while stack:  # its code and the code of the functions it defines
+                code = stack.pop()
+                names.update(code.co_names)
+                stack.extend(c for c in code.co_consts if hasattr(c, "co_names"))
+            glob = getattr(obj, "__globals__", {})
+            for name in names:
+                if name in glob:
+                    visit(glob[name], depth - 1)
+            for cell in obj.__closure__ or ():
+                try:
+                    visit(cell.cell_contents, depth - 1)
+                except ValueError:  # an empty cell
+                    pass
+        elif isinstance(obj, (list, tuple)):
+            for o in obj[:64]:
+                visit(o, depth - 1)
+        elif isinstance(obj, dict):
+            for o in list(obj.values())[:64]:
+                visit(o, depth - 1)
+        elif not isinstance(obj, (type, types.ModuleType, torch.Tensor)) and hasattr(obj, "__dict__"):
+            for o in list(vars(obj).values())[:64]:  # a trainer's or wrapper's attributes
+                visit(o, depth - 1)
+
+    try:
+        visit(fn, depth)
+    except Exception:  # noqa: BLE001 - an object whose attributes cannot be read: keep what was found
+        pass
+    return [m for m in found.values() if _reads_training(type(m))]
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_training(cls):
+    """Whether a module class's own code (its methods and the functions they
+    define, nn.Module's excepted) names `training`: only those modules'
+    flags are keyed, a few of a model's many."""
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass is object:
+            continue
+        for value in vars(klass).values():
+            stack = [getattr(getattr(value, "__func__", value), "__code__", None)]
+            while stack:
+                code = stack.pop()
+                if code is None:
+                    continue
+                if "training" in code.co_names:
+                    return True
+                stack.extend(c for c in code.co_consts if hasattr(c, "co_names"))
+    return False
 
 
 def _grad_key(a):
