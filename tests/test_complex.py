@@ -389,3 +389,51 @@ def test_complex_fill_value_of_a_real_tensor_raises_as_cpu(dt):
         x = torch.zeros(2, dtype=dt, device=dev)
         with pytest.raises(RuntimeError, match="value cannot be converted to type .* without overflow"):
             x.masked_fill(torch.tensor(True, device=dev), torch.tensor(1j, device=dev))
+
+
+# Python complex numbers and 0-d complex CPU tensors mixed with tpu tensors:
+# runtime inputs of the program (no CPU fallback), in strict and fused eager.
+SCALAR_OPS = {
+    "mul": lambda x, s: x * s, "rmul": lambda x, s: s * x, "add": lambda x, s: x + s, "rsub": lambda x, s: s - x,
+    "div": lambda x, s: x / s, "rdiv": lambda x, s: s / x, "eq": lambda x, s: x == s, "ne": lambda x, s: x != s,
+    "add_": lambda x, s: x.clone().add_(s), "fill_": lambda x, s: x.clone().fill_(s),
+    "where": lambda x, s: torch.where(x.real > 0, x, s), "masked_fill": lambda x, s: x.masked_fill(x.real > 0, s),
+    "full": lambda x, s: torch.full((2, 3), s, device=x.device) + x,
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.int64, torch.complex64, torch.complex128])
+@pytest.mark.parametrize("op", sorted(SCALAR_OPS))
+def test_complex_scalars_run_on_device(op, dt, mode, no_cpu_fallback):
+    import torch_pjrt
+    f = SCALAR_OPS[op]
+    x = (rdata((2, 3)) * 3).to(dt) if not dt.is_complex else cdata((2, 3), dt)
+    real_into = op in ("add_", "fill_", "masked_fill") and not dt.is_complex  # CPU raises: no complex into real
+    if real_into:
+        return
+    for s in [1j, 1.5 - 2j, torch.tensor(2 + 1j), torch.tensor(1 - 1j, dtype=torch.complex128)]:
+        expected = f(x, s)
+        if mode == "fused":
+            with torch_pjrt.fused():
+                got = f(tpu(x), s)
+        else:
+            got = f(tpu(x), s)
+        tol = {"rtol": 1e-2, "atol": 1e-2} if dt == torch.bfloat16 else {}
+        assert_same(got, expected, **tol)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_normal_draws_each_part_with_half_the_variance(dt, no_cpu_fallback):
+    """randn and normal_(mean, std) of complex tensors, drawn on the device:
+    as on CPU, the real and imaginary parts each have std / sqrt(2), and the
+    mean is added to both (200,000 draws: the moments within 0.01)."""
+    torch.manual_seed(0)
+    z = torch.randn(200_000, dtype=dt, device="tpu").cpu()
+    assert z.dtype == dt
+    for part in (z.real, z.imag):
+        assert abs(part.mean().item()) < 0.01 and abs(part.std().item() - 0.5 ** 0.5) < 0.01
+    assert abs((z.real * z.imag).mean().item()) < 0.01  # independent parts
+    w = torch.empty(200_000, dtype=dt, device="tpu").normal_(2.0, 3.0).cpu()
+    for part in (w.real, w.imag):
+        assert abs(part.mean().item() - 2.0) < 0.03 and abs(part.std().item() - 3.0 * 0.5 ** 0.5) < 0.02

@@ -80,12 +80,12 @@ def test_fallback_error_mode_raises_not_implemented():
 
 
 def test_fallback_warning_names_a_complex_scalar_that_decides_the_dtype():
-    # x * 1j on a float64 tensor runs on CPU for the complex scalar: the
-    # warning said only "(Double)".
+    # x ** 1j on a float64 tensor runs on CPU for the complex scalar: the
+    # warning said only "(Double)". (x * 1j runs on the device.)
     r = run_python("import torch, torch_pjrt\nx = torch.ones(3, dtype=torch.float64, device='tpu')\n"
-                   "print((x * 1j).cpu().tolist())\n")
+                   "print((x ** 1j).cpu().tolist())\n")
     assert r.returncode == 0, r.stderr
-    assert "1j" in r.stdout
+    assert "(1+0j)" in r.stdout
     assert "for these dtypes (Double, a complex scalar)" in r.stderr, r.stderr
 
 

@@ -224,7 +224,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       // StableHLO's elementwise ops take complex operands as they are (forward only:
       // their backward ops are not listed, the CPU computes them with the conj).
       "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num",
-      "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod",
+      "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod", "normal",
       // |z| rounded as CPU (complex_abs.cpp), then the real norm
       "linalg_vector_norm", "norm"};
   // float8: conversions and data movement; CPU's kernels do the rest (and
@@ -238,6 +238,11 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     has_unsigned |= t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;
     has_complex |= t == c10::kComplexFloat || t == c10::kComplexDouble || t == c10::kComplexHalf;
   };
+  // Complex CPU scalars (a Python complex, wrapped or as a Scalar argument;
+  // a 0-d CPU tensor) are runtime inputs of the complex ops above; as a
+  // Scalar argument only where the lowering reads it as an operand.
+  static const std::set<std::string> complex_scalar_arg_ops = {
+      "fill", "masked_fill", "mul", "div", "add", "sub", "rsub", "eq", "ne", "where"};
   bool complex_cpu_scalar = false;
   // A uint64 CPU scalar (a 0-d tensor, or a Python int in [2**63, 2**64)) sets
   // the result dtype only where no tpu tensor is of a non-bool dtype (x * 2**63
@@ -251,7 +256,8 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     }
     non_bool_tensor |= t.is_privateuseone() && t.scalar_type() != c10::kBool;
     note(t.scalar_type());
-    if (t.is_complex() && !t.is_privateuseone()) complex_cpu_scalar = true;
+    if (t.is_complex() && !t.is_privateuseone() && (t.dim() != 0 || t.scalar_type() == c10::kComplexHalf))
+      complex_cpu_scalar = true;  // per-element _foreach_ scalars, complex32: the CPU computes them
   };
   for (size_t i = 0; i < stack_args.size(); ++i) {
     const c10::IValue& v = stack_args[i];
@@ -260,7 +266,11 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     else if (v.isList()) {
       for (const c10::IValue& e : v.toListRef())
         if (e.isTensor()) note_tensor(e.toTensor());
-    } else if (v.isComplexDouble()) complex_cpu_scalar = true;
+    } else if (v.isComplexDouble()) {
+      const std::string& name = i < schema.arguments().size() ? schema.arguments()[i].name() : "";
+      has_complex = true;
+      complex_cpu_scalar |= !complex_scalar_arg_ops.count(base) || name == "alpha";
+    }
     else if (is_uint64_scalar(v)) unsigned_cpu_scalar = true;
     else if (v.isInt() && i < schema.arguments().size()) {
       c10::TypePtr type = schema.arguments()[i].real_type();
@@ -277,6 +287,11 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   // its kernel's sums, XLA's make NaN; CPU computes it.)
   if (has_float8 && (base == "index_put" || base == "_index_put_impl_") && stack_args.size() > 3 &&
       stack_args[3].isBool() && stack_args[3].toBool())
+    return false;
+  // A complex normal with a tensor mean or std: PyTorch's Meta function
+  // (its Python ref) fails on it where CPU's kernel does not; CPU draws it.
+  if (has_complex && base == "normal" &&
+      (stack_args.size() < 3 || !stack_args[1].isDouble() || !stack_args[2].isDouble()))
     return false;
   // A complex fill value of a real tensor: CPU's overflow error ("value cannot
   // be converted to type float without overflow"), from its kernel.

@@ -46,6 +46,11 @@ bool is_scalar_list(const c10::IValue& v) {
 
 namespace {
 
+void push_complex(OpInstance& inst, c10::complex<double> z) {
+  inst.scalars.push_back(ScalarInput{z.real(), false});
+  inst.scalars.push_back(ScalarInput{z.imag(), false});
+}
+
 void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_output) {
   if (!t.defined()) {
     inst.put('U');
@@ -61,10 +66,13 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
     inst.put(static_cast<char>(t.scalar_type()));
     inst.put(static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
     inst.put(static_cast<int64_t>(t.numel()));
-    // A CPU float scalar is always a runtime input: no recompile per value.
+    // A CPU float scalar is always a runtime input: no recompile per value
+    // (a complex one as two: its real and imaginary parts).
     bool is_float = c10::isFloatingType(t.scalar_type());
+    bool is_complex = c10::isComplexType(t.scalar_type());
     auto record = [&](const c10::Scalar& v) {
-      if (is_float) inst.scalars.push_back(ScalarInput{v.toDouble(), false});
+      if (is_complex) push_complex(inst, v.toComplexDouble());
+      else if (is_float) inst.scalars.push_back(ScalarInput{v.toDouble(), false});
       else inst.put(int_scalar(v).i);  // (the scalar type, keyed above, tells uint64 bits apart)
     };
     if (t.dim() == 0) {
@@ -167,8 +175,9 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
     } else if (v.isString()) {
       inst.put('s');
       inst.put(v.toStringRef());
-    } else if (v.isScalar()) {  // complex
-      TORCH_CHECK_TYPE(false, "torch_pjrt: complex scalars are not supported (", schema.name(), ")");
+    } else if (v.isComplexDouble()) {  // runtime inputs, as a CPU complex scalar tensor's
+      inst.put('c');
+      push_complex(inst, v.toComplexDouble());
     } else if (v.isDevice()) {
       inst.put('D');
       if (v.toDevice().type() == c10::DeviceType::PrivateUse1 && inst.device < 0)

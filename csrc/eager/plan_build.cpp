@@ -249,6 +249,13 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     return b.reshape(b.slice(*scalar_pack, {k}, {k + 1}), {});
   };
 
+  // A complex scalar: its real and imaginary parts, two runtime scalars.
+  auto next_complex = [&](DType dt) {
+    DType part = dt == DType::C128 ? DType::F64 : DType::F32;
+    Value re = b.convert(*next_scalar(), part), im = b.convert(*next_scalar(), part);
+    return b.op("stablehlo.complex", {re, im}, TensorType{dt, {}});
+  };
+
   // Storage offsets, one s64 vector parameter (every slot's, at run time):
   // keys hold no offset, so one program serves a view at every offset.
   std::optional<Value> offset_pack;
@@ -308,7 +315,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       a->wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
       DType dt = device::to_dtype(t.scalar_type());
       a->kind = Arg::Tensor;
-      if (c10::isFloatingType(t.scalar_type())) {
+      if (c10::isComplexType(t.scalar_type())) {
+        a->tensor = next_complex(dt);
+      } else if (c10::isFloatingType(t.scalar_type())) {
         a->tensor = b.convert(*next_scalar(), dt);
       } else {
         a->tensor = b.constant(int_scalar(t.item()), dt);
@@ -323,7 +332,11 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     a->tensor = read_slot(inst.slots[s]);
   };
   auto scalar_arg = [&](const c10::IValue& v, Arg* a) {
-    if (v.isDouble()) {
+    if (v.isComplexDouble()) {  // a Python complex: as PyTorch wraps one into a tensor
+      a->kind = Arg::Tensor;
+      a->wrapped_number = true;
+      a->tensor = next_complex(DType::C128);
+    } else if (v.isDouble()) {
       a->kind = Arg::Float;
       a->scalar = lowering::Scalar::from_float(v.toDouble());
       a->dynamic = next_scalar();
@@ -396,7 +409,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       } else {
         scalar_arg(v, &a);
       }
-    } else if (v.isDouble() || is_uint64_scalar(v)) {
+    } else if (v.isDouble() || v.isComplexDouble() || is_uint64_scalar(v)) {
       scalar_arg(v, &a);
     } else if (v.isIntList()) {
       a.kind = Arg::IntList;

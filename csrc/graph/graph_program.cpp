@@ -133,10 +133,10 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
 
 int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype) {
   const Value& x = values_.at(base);
-  if (lowering::itemsize(out_dtype) != lowering::itemsize(x.dtype()))
-    throw std::runtime_error("torch_pjrt: a view changing the element size (" + std::string(dtype_name(x.dtype())) +
-                             " -> " + dtype_name(out_dtype) + ") is not supported in compiled graphs");
   if (lowering::numel(out_view.sizes) == 0) return add(b_.zeros(TensorType{out_dtype, out_view.sizes}));
+  // Offsets count elements of each view's own dtype (view_as_real: the base's
+  // offset in float32s is twice its offset in complex64s).
+  int64_t base_offset = base_view.offset * lowering::itemsize(x.dtype()) / lowering::itemsize(out_dtype);
   StridedView rel = out_view;
   Value flat;
   std::vector<int64_t> perm;
@@ -144,7 +144,7 @@ int GraphProgram::view(int base, const StridedView& base_view, const StridedView
   if (lowering::dense_permutation(base_view.sizes, base_view.strides, &perm)) {
     // The base's elements in memory order, from its storage offset on.
     flat = b_.reshape(b_.transpose(x, perm), {n});
-    rel.offset = out_view.offset - base_view.offset;
+    rel.offset = out_view.offset - base_offset;
   } else {
     // An irregular base (gaps, broadcast): lay its elements out in a
     // zero-filled segment of the storage it spans.
@@ -154,7 +154,7 @@ int GraphProgram::view(int base, const StridedView& base_view, const StridedView
     StridedView bv = base_view;
     bv.offset = 0;
     flat = lowering::write_strided(b_, b_.zeros(TensorType{x.dtype(), {extent}}), x, bv);
-    rel.offset = out_view.offset - base_view.offset;
+    rel.offset = out_view.offset - base_offset;
   }
   if (out_dtype != x.dtype()) flat = lowering::reinterpret_flat(b_, flat, out_dtype);
   return add(lowering::read_strided(b_, flat, rel));

@@ -37,7 +37,8 @@ lowering::Scalar number(const py::handle& v) {
 }
 
 // (name, kind, payload) from the walker -> the registry's Arg. Kinds: none, t
-// (value id), tn (value id, not contiguous), wn (a Python number passed as a Tensor), tl, otl, i, f, b, il,
+// (value id), tn (value id, not contiguous), wn (a Python number passed as a Tensor), cn (a
+// Python complex, (real, imag)), tl, otl, i, f, b, il,
 // fl, s, dt, other.
 Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
   Arg a;
@@ -55,6 +56,15 @@ Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
     a.kind = Arg::Tensor;
     a.wrapped_number = true;
     a.tensor = prog.builder().constant(s, s.natural_dtype());
+  } else if (kind == "cn") {  // a Python complex (real, imag): wrapped, as PyTorch takes it
+    lowering::Builder& b = prog.builder();
+    auto parts = p.cast<std::pair<double, double>>();
+    a.kind = Arg::Tensor;
+    a.wrapped_number = true;
+    a.tensor = b.op("stablehlo.complex",
+                    {b.constant(lowering::Scalar::from_float(parts.first), lowering::DType::F64),
+                     b.constant(lowering::Scalar::from_float(parts.second), lowering::DType::F64)},
+                    TensorType{lowering::DType::C128, {}});
   } else if (kind == "tl") {
     a.kind = Arg::TensorList;
     for (auto id : p) a.tensors.push_back(prog.value(id.cast<int>()));

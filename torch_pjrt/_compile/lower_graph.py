@@ -61,6 +61,8 @@ class Lowered:
 
 
 _META = torch.device("meta")
+# Lazy conjugate/negative views and the ops that compute what they read as.
+_LAZY_BITS = {"_conj": torch.ops.aten._conj_physical.default, "_neg_view": torch.ops.aten.neg.default}
 
 
 def is_view(schema):
@@ -147,6 +149,8 @@ class _Walker:
             if t.startswith("Tensor"):
                 return (name, "wn", v)
             return (name, "i" if isinstance(v, int) else "f", v)
+        if isinstance(v, complex):  # read as a wrapped 0-d tensor, a Tensor or a Scalar argument
+            return (name, "cn", (v.real, v.imag))
         if isinstance(v, str):
             return (name, "s", v)
         return (name, "other", None)  # device, layout, memory_format, generator
@@ -168,6 +172,13 @@ class _Walker:
             out_meta = op(*metas[0], **metas[1])
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise Unsupported(op, f"shape inference failed: {e}") from e
+        if name in _LAZY_BITS:
+            # A conjugate or negative "view" is a bit on the tensor, which
+            # eager kernels never see (PyTorch resolves it first); a graph
+            # value holds what it reads as: the conjugated or negated values.
+            if name == "_conj" and not out_meta.is_complex():
+                return args[0]
+            return self.call_op(_LAZY_BITS[name], args, kwargs)
         if is_view(schema):
             return self.view(op, schema, args, metas, out_meta)
         if mutates(schema):

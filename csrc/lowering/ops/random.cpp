@@ -144,11 +144,31 @@ Value standard_normal(LoweringContext& ctx, const TensorType& out) {
   return b.reshape(z, out.shape);
 }
 
+// A complex normal_ (float mean and std: the executor sends tensor ones to
+// the CPU): as CPU, the real and imaginary parts each drawn with half the
+// variance (std / sqrt(2)), the mean added to both.
+Value complex_normal(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  TensorType pt{out.dtype == DType::C128 ? DType::F64 : DType::F32, out.shape};
+  int64_t n = out.numel();
+  Value z = standard_normal(ctx, TensorType{pt.dtype, {2 * n}});
+  Value stdv = b.binary("multiply", operand_as(ctx, "std", pt.dtype, out.shape),
+                        b.splat(Scalar::from_float(M_SQRT1_2), pt));
+  Value mean = operand_as(ctx, "mean", pt.dtype, out.shape);
+  auto part = [&](int64_t k) {
+    Value zk = b.reshape(b.slice(z, {k * n}, {(k + 1) * n}), out.shape);
+    return b.binary("add", b.binary("multiply", zk, stdv), mean);
+  };
+  return b.op("stablehlo.complex", {part(0), part(1)}, out);
+}
+
 // normal_(self, mean, std) and normal(mean, std) with tensor or float mean/std.
 std::vector<Value> normal(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   if (out.numel() == 0) return {b.zeros(out)};
+  if (is_complex(out.dtype)) return {complex_normal(ctx)};
   Value z = standard_normal(ctx, out);
   Value mean = operand_as(ctx, "mean", z.dtype(), out.shape);
   Value stdv = operand_as(ctx, "std", z.dtype(), out.shape);
