@@ -121,3 +121,23 @@ def test_complex_rotary_embedding_and_its_gradient():
     angles = torch.outer(torch.arange(8.0), 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
     freqs = torch.polar(torch.ones(8, 4), angles)[:, None, :]
     _check(lambda x: _rope(x, freqs.to(x.device)), torch.randn(2, 8, 3, 8), grad=True)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("view_as_real_of_slice", lambda z: torch.view_as_real(z[1:])),
+    ("real", lambda z: z.real),
+    ("imag_of_transpose", lambda z: z.t().imag),
+    ("int_bits_of_real", lambda z: z.real.view(torch.int32)),
+])
+def test_returned_views_of_an_input_in_another_dtype_alias_it(name, f):
+    """A returned view of an input that changes the dtype comes back as a view
+    of the input's storage (it raised: the view was rebuilt in the input's
+    dtype), with CPU's sizes, strides and offset; writing it writes the input."""
+    z = _z(3, 4)
+    zt = z.to("tpu")
+    expected, got = f(z), torch.compile(f, backend="tpu")(zt)
+    assert got.dtype == expected.dtype and got.stride() == expected.stride()
+    assert got.storage_offset() == expected.storage_offset() and torch.equal(got.cpu(), expected)
+    got.zero_()
+    expected.zero_()
+    assert torch.equal(zt.cpu(), z)

@@ -62,9 +62,13 @@ def _unpack(outs, host_values, inputs, entry):
         _, k, size, stride, offset = entry
         base = outs[k]
         return base.as_strided(size, stride, base.storage_offset() + offset)
-    if kind == "i":  # a view of tensor input k
-        _, k, size, stride, offset = entry
+    if kind == "i":  # a view of tensor input k (in another dtype: the same bytes read as it)
+        _, k, size, stride, offset, *dtype = entry
         base = inputs[k]
+        if dtype:
+            start = base.storage_offset() * base.element_size() // dtype[0].itemsize
+            return torch.empty(0, dtype=dtype[0], device=base.device).set_(
+                base.untyped_storage(), start + offset, size, stride)
         return base.as_strided(size, stride, base.storage_offset() + offset)
     return entry[1]
 

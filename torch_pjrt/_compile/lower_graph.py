@@ -497,7 +497,8 @@ def lower_graph(gm, args, host_part=None):
             return None  # not a view of the input's layout (a view() of strided memory)
         if v.shape != r.meta.shape or v.dtype != r.meta.dtype:
             return None
-        return ("i", k, list(v.shape), list(v.stride()), v.storage_offset())
+        entry = ("i", k, list(v.shape), list(v.stride()), v.storage_offset())
+        return entry if v.dtype == tensors[k].dtype else entry + (v.dtype,)  # view_as_real, .view(dtype)
 
     def output_view(r):
         # ("v", k, view): r views an intermediate that comes back as output k
