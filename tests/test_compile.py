@@ -713,3 +713,42 @@ def test_dynamo_device_interface_is_torch_pjrts():
                        "from torch._dynamo.device_interface import get_interface_for_device as get\n"
                        "print('RESULT ' + json.dumps(get('tpu').device_count()))")
         assert out == torch.tpu.device_count()
+
+
+def _fill_diagonal(x):
+    y = x * 2
+    y.diagonal().fill_(1)
+    return y
+
+
+def _scale_strided_window(x):
+    y = x * 2
+    y.as_strided((2, 2), (1, 4)).mul_(3)
+    return y
+
+
+def _fill_offset_diagonal_of_transpose(x):
+    y = (x * 2).t()
+    y.diagonal(1).fill_(7)
+    return y
+
+
+@pytest.mark.parametrize("f", [
+    _fill_diagonal, _scale_strided_window, _fill_offset_diagonal_of_transpose,
+    lambda x: torch.diagonal_scatter(x * 1, torch.ones(3, device=x.device), -1),
+    lambda x: torch.as_strided_scatter(x + 1, torch.zeros(2, 3, device=x.device), (2, 3), (1, 4), 2),
+    lambda x: torch.diagonal_scatter(torch.zeros(3, 4, 4, device=x.device), x[:3], 0, 1, 2),
+])
+def test_writes_into_diagonals_and_strided_windows_compile_whole(f):
+    """diagonal_scatter and as_strided_scatter (what functionalization makes
+    of a write into a diagonal or as_strided view) are one graph: PyTorch's
+    decompositions of them write into a view, which cut the graph into pieces
+    run op by op."""
+    x = torch.randn(4, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    expected = f(x)
+    assert not [w for w in caught if "torch_pjrt" in str(w.message)], [str(w.message) for w in caught]
+    assert got.stride() == expected.stride()
+    assert_same(got, expected)

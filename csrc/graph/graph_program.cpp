@@ -160,6 +160,25 @@ int GraphProgram::view(int base, const StridedView& base_view, const StridedView
   return add(lowering::read_strided(b_, flat, rel));
 }
 
+int GraphProgram::view_scatter(int base, const StridedView& base_view, const StridedView& out_view, int src) {
+  const Value& x = values_.at(base);
+  std::vector<int64_t> perm;
+  if (!lowering::dense_permutation(base_view.sizes, base_view.strides, &perm))
+    throw std::runtime_error("torch_pjrt: a scatter into a view of a tensor with gaps or broadcast dims");
+  if (lowering::numel(out_view.sizes) == 0) return base;
+  // The base's elements in memory order, the source written where the view
+  // reads, then back to the base's logical order.
+  lowering::Shape memory_shape;
+  for (int64_t d : perm) memory_shape.push_back(base_view.sizes[d]);
+  Value flat = b_.reshape(b_.transpose(x, perm), {lowering::numel(base_view.sizes)});
+  StridedView rel = out_view;
+  rel.offset = out_view.offset - base_view.offset;
+  flat = lowering::write_strided(b_, flat, b_.convert(values_.at(src), x.dtype()), rel);
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+  return add(b_.transpose(b_.reshape(flat, memory_shape), inverse));
+}
+
 std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vector<std::vector<int64_t>>& strides) {
   std::vector<Value> flat;
   for (size_t i = 0; i < outputs.size(); ++i) {

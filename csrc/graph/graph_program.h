@@ -71,6 +71,9 @@ class GraphProgram {
   // computed for both: the base's layout is rebuilt and the view read from it.
   int view(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view,
            lowering::DType out_dtype);
+  // diagonal_scatter / as_strided_scatter: a copy of `base` (laid out as
+  // `base_view`, dense) with value `src` written where `out_view` reads.
+  int view_scatter(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view, int src);
   const lowering::Value& value(int id) const { return values_.at(id); }
   lowering::Builder& builder() { return b_; }
   int add(const lowering::Value& v);

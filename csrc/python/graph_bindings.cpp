@@ -134,6 +134,10 @@ void bind_graph(py::module& m) {
            [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, at::ScalarType dtype) {
              return g.view(base, strided(base_view), strided(out_view), device::to_dtype(dtype));
            })
+      .def("view_scatter",
+           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, int src) {
+             return g.view_scatter(base, strided(base_view), strided(out_view), src);
+           })
       .def("convert",
            [](GraphProgram& g, int id, at::ScalarType dtype, std::vector<int64_t> shape) {
              auto& b = g.builder();

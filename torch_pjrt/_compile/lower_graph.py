@@ -61,6 +61,9 @@ class Lowered:
 
 
 _META = torch.device("meta")
+# Scatters into a view, by the view they write.
+_VIEW_SCATTERS = {"diagonal_scatter": torch.diagonal,
+                  "as_strided_scatter": lambda t, *a, **k: t.as_strided(*a, **k)}
 # Lazy conjugate/negative views and the ops that compute what they read as.
 _LAZY_BITS = {"_conj": torch.ops.aten._conj_physical.default, "_neg_view": torch.ops.aten.neg.default}
 
@@ -185,6 +188,8 @@ class _Walker:
             raise Unsupported(op, "mutates an argument (graphs are expected functional)")
         if not any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type) for r in schema.returns):
             return out_meta  # sizes and other host values
+        if name in _VIEW_SCATTERS and isinstance(args[0], _Val) and isinstance(args[1], _Val):
+            return self.view_scatter(name, args, metas, out_meta)
         target = registry_lowering(schema)
         if target is None:
             return self.decompose(op, args, kwargs)
@@ -302,6 +307,16 @@ class _Walker:
         except Exception as e:  # noqa: BLE001 - the decomposition does not apply here
             raise Unsupported(op, f"its PyTorch decomposition failed: {e}") from e
         return self.walk(sub.graph, [flat[i] for i in where])
+
+    def view_scatter(self, name, args, metas, out_meta):
+        """diagonal_scatter / as_strided_scatter: PyTorch's decompositions
+        write into a view of a copy (not functional); here the source is
+        written into the base's layout where the view reads."""
+        base, src = args[0], args[1]
+        if not _is_dense(base.meta):
+            raise Unsupported(name, "the base has gaps or broadcast dims")
+        view = _VIEW_SCATTERS[name](base.meta, *metas[0][2:], **metas[1])
+        return _Val(self.prog.view_scatter(base.id, _strided(base.meta), _strided(view), src.id), out_meta)
 
     def view(self, op, schema, args, metas, out_meta):
         base_pos = next(i for i, a in enumerate(schema.arguments) if a.alias_info is not None)
