@@ -226,12 +226,15 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       "log", "log1p", "expm1", "cos", "sin", "tan", "tanh", "cosh", "sinh", "rsqrt", "cumsum", "nan_to_num",
       "isnan", "isinf", "all", "any", "count_nonzero", "masked_fill", "prod", "normal",
       // |z| rounded as CPU (complex_abs.cpp), then the real norm
-      "linalg_vector_norm", "norm"};
+      "linalg_vector_norm", "norm",
+      // data movement and exact complex arithmetic
+      "index", "_unsafe_index", "index_put", "_index_put_impl", "gather", "scatter", "take", "tril", "triu", "trace",
+      "addcmul", "lerp", "pow"};
   // float8: conversions and data movement; CPU's kernels do the rest (and
   // raise CPU's NotImplementedError where it has no float8 kernel).
   static const std::set<std::string> float8_ops = {
       "fill", "zero", "clone", "_to_copy", "copy", "cat", "eq", "ne", "isnan", "where", "index_select", "index",
-      "_unsafe_index", "index_put", "_index_put_impl_", "flip", "roll", "constant_pad_nd", "_scaled_mm", "_scaled_mm_v2"};
+      "_unsafe_index", "index_put", "_index_put_impl", "flip", "roll", "constant_pad_nd", "_scaled_mm", "_scaled_mm_v2"};
   bool has_unsigned = false, has_complex = false, has_float8 = false;
   auto note = [&](c10::ScalarType t) {
     has_float8 |= c10::isFloat8Type(t);
@@ -285,7 +288,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   if (has_float8 && !float8_ops.count(base)) return false;
   // (index_put with accumulate=True adds: in float8 arithmetic CPU saturates
   // its kernel's sums, XLA's make NaN; CPU computes it.)
-  if (has_float8 && (base == "index_put" || base == "_index_put_impl_") && stack_args.size() > 3 &&
+  if (has_float8 && (base == "index_put" || base == "_index_put_impl") && stack_args.size() > 3 &&
       stack_args[3].isBool() && stack_args[3].toBool())
     return false;
   // A complex normal with a tensor mean or std: PyTorch's Meta function

@@ -44,7 +44,8 @@ std::vector<Value> lerp(LoweringContext& ctx) {
   Value self = operand_as(ctx, "self", dt, shape), end = operand_as(ctx, "end", dt, shape);
   Value w = operand_as(ctx, "weight", dt, shape);
   Value diff = b.binary("subtract", end, self);
-  Value small = b.compare(Cmp::LT, b.unary("abs", w), splat_like(b, 0.5, w));
+  Value abs_w = is_complex(dt) ? complex_abs(b, w) : b.unary("abs", w);  // (CPU: |w| < 0.5 of a complex w too)
+  Value small = b.compare(Cmp::LT, abs_w, splat_like(b, 0.5, abs_w));
   Value lo = b.binary("add", self, b.binary("multiply", w, diff));
   Value hi = b.binary("subtract", end, b.binary("multiply", diff, b.binary("subtract", splat_like(b, 1, w), w)));
   return {b.convert(b.select(small, lo, hi), out)};

@@ -269,10 +269,11 @@ std::vector<Value> pow(LoweringContext& ctx) {
     if (v == -2) return b.binary("divide", one(), b.binary("multiply", x, x));
     return std::nullopt;
   };
-  if (scalar_exponent && is_float(dt) && !e.dynamic)
+  bool specials = is_float(dt) || is_complex(dt);  // (CPU's complex kernel has them too)
+  if (scalar_exponent && specials && !e.dynamic && e.kind != Arg::Tensor)
     if (auto r = special(base, ctx.scalar("exponent").to_double())) return {b.convert(*r, out)};
   Value exponent = operand_as(ctx, "exponent", dt, shape);
-  if (scalar_exponent && is_float(dt) && e.dynamic) {
+  if (scalar_exponent && specials && e.dynamic) {
     Value r = b.binary("power", base, exponent);
     for (double v : {0.0, 1.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0})
       r = b.select(b.compare(Cmp::EQ, exponent, splat_like(b, v, exponent)), *special(base, v), r);
