@@ -752,3 +752,33 @@ def test_writes_into_diagonals_and_strided_windows_compile_whole(f):
     assert not [w for w in caught if "torch_pjrt" in str(w.message)], [str(w.message) for w in caught]
     assert got.stride() == expected.stride()
     assert_same(got, expected)
+
+
+def test_flex_attention_compiles_whole_with_its_backward():
+    """torch.compile(flex_attention) with a score_mod reading a bias tensor, a
+    causal block mask and grouped-query heads: the flex_attention
+    higher-order ops (forward and backward) are traced through PyTorch's
+    dense implementation into the graph (they cut it into pieces run op by
+    op). Against the same attention written out on CPU."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    torch.manual_seed(0)
+    q, k, v, bias = torch.randn(2, 4, 64, 16), torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16), torch.randn(64, 64)
+    qc, kc, vc = [t.clone().requires_grad_() for t in (q, k, v)]
+    scores = qc @ kc.repeat_interleave(2, 1).transpose(-1, -2) / 4 + bias
+    scores = scores.masked_fill(~torch.ones(64, 64, dtype=torch.bool).tril(), float("-inf"))
+    lse_r, out_r = torch.logsumexp(scores, -1), torch.softmax(scores, -1) @ vc.repeat_interleave(2, 1)
+    (out_r.pow(2).sum() + lse_r.sum()).backward()
+
+    bias_t = bias.to("tpu")
+    qt, kt, vt = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    mask = create_block_mask(lambda b, h, i, j: i >= j, 2, 1, 64, 64, device="tpu")
+    partitioned = torch_pjrt.metrics()["partitioned_graphs"]
+    before = counters()
+    out, lse = torch.compile(flex_attention, backend="tpu")(
+        qt, kt, vt, score_mod=lambda s, b, h, i, j: s + bias_t[i, j], block_mask=mask, enable_gqa=True,
+        return_lse=True)
+    (out.pow(2).sum() + lse.sum()).backward()
+    assert delta(before)["compiled_graphs"] == 2  # forward and backward
+    assert torch_pjrt.metrics()["partitioned_graphs"] == partitioned
+    for got, expected in [(out, out_r), (lse, lse_r), (qt.grad, qc.grad), (kt.grad, kc.grad), (vt.grad, vc.grad)]:
+        torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-4)

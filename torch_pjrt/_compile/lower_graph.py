@@ -88,6 +88,13 @@ def registry_lowering(schema):
     return None
 
 
+def _attr(module, target):
+    """A get_attr node's object (None where there is none)."""
+    for name in target.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
 def _strided(t):
     return (list(t.shape), list(t.stride()), t.storage_offset())
 
@@ -286,10 +293,24 @@ class _Walker:
 
     def decompose(self, op, args, kwargs):
         from torch._decomp import decomposition_table
-        from torch.fx.experimental.proxy_tensor import make_fx
         fn = decomposition_table.get(op)
         if fn is None:
             raise Unsupported(op, "no lowering and no PyTorch decomposition")
+        return self.trace_and_walk(op, fn, args, kwargs)
+
+    def higher_order(self, op, args, kwargs):
+        """A higher-order op (flex_attention and its backward: subgraphs as
+        arguments) through its dense implementation, traced to ATen ops."""
+        fn = op.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
+        if fn is None:
+            raise Unsupported(op, "a higher-order op without a dense implementation")
+        return self.trace_and_walk(op, fn, args, kwargs, on_device=True)
+
+    def trace_and_walk(self, op, fn, args, kwargs, on_device=False):
+        """Traces fn (a decomposition) on the arguments' metadata and walks
+        the ATen graph it makes in place of `op`. `on_device`: on fake tpu
+        tensors (subgraphs make tensors on the graph's device)."""
+        from torch.fx.experimental.proxy_tensor import make_fx
         # FX's immutable lists become plain ones: decompositions may edit them.
         plain = lambda v: [plain(e) for e in v] if isinstance(v, list) else v  # noqa: E731
         flat, spec = tree_flatten(([plain(a) for a in args], {k: plain(v) for k, v in kwargs.items()}))
@@ -302,11 +323,30 @@ class _Walker:
             a, k = tree_unflatten(f, spec)
             return fn(*a, **k)
 
+        metas = [flat[i].meta for i in where]
         try:
-            sub = make_fx(traced)(*[flat[i].meta for i in where])
+            if on_device:  # (dense implementations write into new tensors: functionalized)
+                from torch._subclasses.fake_tensor import FakeTensorMode
+                device = torch.device("tpu", self.device or 0)
+                with FakeTensorMode():
+                    metas = [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device) for m in metas]
+                    sub = make_fx(torch.func.functionalize(traced))(*metas)
+            else:
+                sub = make_fx(traced)(*metas)
         except Exception as e:  # noqa: BLE001 - the decomposition does not apply here
-            raise Unsupported(op, f"its PyTorch decomposition failed: {e}") from e
+            what = "its dense implementation could not be traced" if on_device else "its PyTorch decomposition failed"
+            raise Unsupported(op, f"{what}: {e}") from e
         return self.walk(sub.graph, [flat[i] for i in where])
+
+    def attribute(self, obj, name):
+        """A get_attr of a (sub)graph: a higher-order op's subgraph, or a
+        one-element tensor constant a traced decomposition made."""
+        if isinstance(obj, torch.fx.GraphModule):
+            return obj
+        if isinstance(obj, torch.Tensor) and obj.numel() == 1 and not obj.is_complex() and obj.device.type != "meta":
+            vid = self.prog.convert(self.prog.constant(obj.item(), obj.dtype), obj.dtype, list(obj.shape))
+            return _Val(vid, torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=_META))
+        raise Unsupported("get_attr", f"graph attribute {name}")
 
     def view_scatter(self, name, args, metas, out_meta):
         """diagonal_scatter / as_strided_scatter: PyTorch's decompositions
@@ -365,10 +405,14 @@ class _Walker:
                     env[node] = a[0][a[1]]
                 elif target is torch.ops.higher_order.with_effects:
                     env[node] = self.with_effects(a, k)
+                elif isinstance(target, torch._ops.HigherOrderOperator):
+                    env[node] = self.higher_order(target, a, k)
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
                     raise Unsupported(target, "a Python function on tensors inside the graph")
                 else:
                     env[node] = target(*a, **k)  # SymInt arithmetic, now on ints
+            elif node.op == "get_attr":
+                env[node] = self.attribute(_attr(graph.owning_module, node.target), node.target)
             elif node.op == "output":
                 return tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0])
             else:
@@ -456,7 +500,7 @@ def lower_graph(gm, args, host_part=None):
             inputs.append(a)
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op == "get_attr":
+        if node.op == "get_attr" and not isinstance(_attr(gm, node.target), torch.fx.GraphModule):
             raise Unsupported("get_attr", f"graph attribute {node.target}")
     result = w.walk(graph, inputs, skip, top=True)
     out_nodes = list(graph.nodes)[-1].args[0]
