@@ -556,3 +556,19 @@ def test_half_scatter_reductions_accumulate_in_float32_as_cpu(dt):
              lambda s, i, x: s.index_add(0, i, x)]
     for f in calls:
         assert_same(f(tpu(s), tpu(idx), tpu(src)), f(s, idx, src), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_put_with_a_mask_among_other_index_tensors(compiled):
+    """index_put_ with a boolean mask beside an integer index (the ATen call;
+    Python's x[i, :, mask] = v already expanded the mask): the mask becomes
+    long indices as on CPU (it raised; compiled, the op runs between pieces)."""
+    a, i, m, v = make((2, 3, 4)), torch.tensor([0, 2]), torch.tensor([True, False, False, True]), torch.randn([])
+    m2 = torch.tensor([[True, False, True], [False, False, True]])
+    fns = [lambda a, i, m, m2, v: torch.ops.aten.index_put_(a.clone(), [None, i, m], v, False),
+           lambda a, i, m, m2, v: torch.ops.aten.index_put_(a.clone(), [m2, i[:1]], v, True),
+           lambda a, i, m, m2, v: torch.ops.aten.index_put(a, [i[:1] - 1, None, m], v * 2)]
+    for fn in fns:
+        torch._dynamo.reset()
+        run = torch.compile(fn, backend="tpu") if compiled else fn
+        assert_same(run(*[tpu(t) for t in (a, i, m, m2, v)]), fn(a, i, m, m2, v))

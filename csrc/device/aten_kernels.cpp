@@ -288,8 +288,8 @@ at::Tensor repeat_interleave_indices(const at::Tensor& repeats, std::optional<in
 // Index tensors of index / index_put and their _unsafe forms. Masks
 // (bool/uint8) become the long indices of their nonzeros, a host step like
 // nonzero (the result's shape depends on the data); then the op runs as an
-// ordinary lowered gather or scatter. index_put keeps a mask on the device
-// (its lowering needs no nonzero, masked_index_put).
+// ordinary lowered gather or scatter. index_put keeps a lone mask on the
+// device (its lowering needs no nonzero, masked_index_put).
 //
 // Index tensors on the host are accepted, as CUDA accepts them (these ops are
 // `device_check: NoCheck` in native_functions.yaml and ATen's AdvancedIndex
@@ -324,6 +324,11 @@ void with_device_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack
       warned = true;
     }
   }
+  // index_put's lowering takes a mask as it is only when it is the one index
+  // tensor; with others it becomes long indices too, as for index.
+  int defined = 0;
+  for (const std::optional<at::Tensor>& e : indices) defined += e.has_value() && e->defined();
+  bool expand_masks = is_index || defined > 1;
   bool changed = false;
   c10::List<std::optional<at::Tensor>> expanded;
   int64_t dim = 0;
@@ -336,7 +341,7 @@ void with_device_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack
     const at::Tensor& t = *e;
     bool on_host = t.device().is_cpu() && self.device().type() == kTpu;
     bool mask = t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
-    if (mask && (on_host || is_index)) {
+    if (mask && (on_host || expand_masks)) {
       for (int64_t k = 0; k < t.dim(); ++k) {
         TORCH_CHECK_INDEX(dim + k < self.dim() && t.size(k) == self.size(dim + k), "The shape of the mask ",
                           t.sizes(), " at index ", k, " does not match the shape of the indexed tensor ",

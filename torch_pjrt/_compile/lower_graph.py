@@ -61,6 +61,16 @@ class Lowered:
 
 
 _META = torch.device("meta")
+_INDEX_PUTS = ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")
+
+
+def _mask_among_indices(indices):
+    """Whether an index list mixes a bool/uint8 mask with other index tensors
+    (index_put's lowering takes a lone mask as it is)."""
+    given = [t for t in indices or () if isinstance(t, _Val)]
+    return len(given) > 1 and any(t.meta.dtype in (torch.bool, torch.uint8) for t in given)
+
+
 # Scatters into a view, by the view they write.
 _VIEW_SCATTERS = {"diagonal_scatter": torch.diagonal,
                   "as_strided_scatter": lambda t, *a, **k: t.as_strided(*a, **k)}
@@ -195,6 +205,9 @@ class _Walker:
             raise Unsupported(op, "mutates an argument (graphs are expected functional)")
         if not any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type) for r in schema.returns):
             return out_meta  # sizes and other host values
+        if name in _INDEX_PUTS and _mask_among_indices(args[1] if len(args) > 1 else kwargs.get("indices")):
+            # Its long indices (nonzero) depend on the data: run where eager makes them.
+            raise Unsupported(op, "a boolean mask among other index tensors")
         if name in _VIEW_SCATTERS and isinstance(args[0], _Val) and isinstance(args[1], _Val):
             return self.view_scatter(name, args, metas, out_meta)
         target = registry_lowering(schema)
