@@ -782,3 +782,20 @@ def test_flex_attention_compiles_whole_with_its_backward():
     assert torch_pjrt.metrics()["partitioned_graphs"] == partitioned
     for got, expected in [(out, out_r), (lse, lse_r), (qt.grad, qc.grad), (kt.grad, kc.grad), (vt.grad, vc.grad)]:
         torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("f", [
+    lambda t: t[0, 0].t().to("cpu"),
+    lambda t: t.permute(0, 2, 3, 1).to("cpu") * 2,
+    lambda t: t.to("cpu", torch.float64, memory_format=torch.channels_last),
+    lambda t: (t + 1).transpose(-1, -2).cpu(),
+])
+def test_a_graph_output_made_on_the_cpu_keeps_its_strides(f):
+    """A compiled function returning a tensor moved to the CPU in a strided
+    layout (a transpose, channels_last): the program lays the values out in
+    that layout and the CPU tensor has its strides (it had contiguous ones:
+    the values came back scrambled)."""
+    x = torch.arange(24.0).reshape(2, 3, 2, 2)
+    got, expected = torch.compile(f, backend="tpu")(x.to("tpu")), f(x)
+    assert got.device.type == "cpu" and got.dtype == expected.dtype and got.stride() == expected.stride()
+    assert torch.equal(got, expected)

@@ -259,7 +259,10 @@ runtime::BufferPtr upload(const at::Tensor& t, int device) {
 }
 
 at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
-  at::Tensor host = at::empty(spec.sizes, at::TensorOptions().dtype(device::to_scalar_type(spec.dtype)));
+  // The program laid the value out in the memory order of its strides (finish()).
+  auto options = at::TensorOptions().dtype(device::to_scalar_type(spec.dtype));
+  at::Tensor host = spec.strides.empty() ? at::empty(spec.sizes, options)
+                                         : at::empty_strided(spec.sizes, spec.strides, options);
   if (host.numel() > 0) runtime::Runtime::get().buffer_to_host(*buffer, host.data_ptr(), host.nbytes());
   return host;
 }
