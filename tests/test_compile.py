@@ -799,3 +799,25 @@ def test_a_graph_output_made_on_the_cpu_keeps_its_strides(f):
     got, expected = torch.compile(f, backend="tpu")(x.to("tpu")), f(x)
     assert got.device.type == "cpu" and got.dtype == expected.dtype and got.stride() == expected.stride()
     assert torch.equal(got, expected)
+
+
+def test_native_batch_norm_with_out_compiles_and_updates_the_running_stats():
+    """torch.native_batch_norm(..., out=) compiled: on tpu its composite makes
+    _native_batch_norm_legit (which writes the running stats) below
+    AOTAutograd's functionalization; its lowering kept it from being
+    decomposed, and AOTAutograd refused the graph. Outputs and running
+    stats against CPU."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
+
+    def f(x, w, b, rm, rv, out):
+        return torch.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, out=out)
+
+    def run(device, fn):
+        out = tuple(torch.zeros(s, device=device) for s in [(3, 2, 4), (2,), (2,)])
+        rm, rv = torch.zeros(2, device=device), torch.ones(2, device=device)
+        fn(x.to(device), w.to(device), b.to(device), rm, rv, out)
+        return [t.cpu() for t in (*out, rm, rv)]
+
+    for got, expected in zip(run("tpu", torch.compile(f, backend="tpu")), run("cpu", f)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -20,11 +20,21 @@ _frames = {}  # Dynamo frame id -> signature of the example tensors it last capt
 def decompositions():
     """PyTorch's core ATen decompositions, for the ops the registry does not
     lower itself (a lowering is preferred: it is usually one fused op)."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
     table = {}
     for op, fn in core_aten_decompositions().items():
         if isinstance(op, torch._ops.OpOverload) and registry_lowering(op._schema) is None:
             table[op] = fn
+    # An op that writes an argument that is not an out= one keeps PyTorch's
+    # decomposition even where it is lowered: a composite reaching it below
+    # AOTAutograd's functionalization (native_batch_norm(out=) on tpu makes
+    # _native_batch_norm_legit, which updates the running stats) would leave
+    # a mutation in the graph, which AOTAutograd refuses.
+    for op, fn in decomposition_table.items():
+        if isinstance(op, torch._ops.OpOverload) and any(
+                a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only for a in op._schema.arguments) \
+                and not op._schema.name.endswith("_") and registry_lowering(op._schema) is not None:
+            table.setdefault(op, fn)
     return table
 
 
