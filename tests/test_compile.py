@@ -821,3 +821,18 @@ def test_native_batch_norm_with_out_compiles_and_updates_the_running_stats():
 
     for got, expected in zip(run("tpu", torch.compile(f, backend="tpu")), run("cpu", f)):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("f,view", [
+    (lambda t: torch.as_strided(t, (2, 2), (1, 2)) + 0, lambda b: b[::2]),
+    (lambda t: torch.as_strided_copy(t, (3,), (3,)) * 2, lambda b: b[::2]),
+    (lambda t: torch.as_strided(t, (4,), (1,)) + 1, lambda b: b[4:6]),
+])
+def test_as_strided_of_a_view_input_reads_its_storage(f, view):
+    """as_strided of an input that is a view may read storage elements outside
+    the view (PyTorch allows any position in the storage): the program reads
+    them from the storage (they came back as zeros, or read beside the view)."""
+    base = torch.arange(10.0)
+    b = base.to("tpu")
+    got, expected = torch.compile(f, backend="tpu")(view(b)), f(view(base))
+    assert_same(got, expected)

@@ -57,7 +57,9 @@ int GraphProgram::input_view(int input_index, const at::Tensor& t) {
   // out of one long tensor) runs the same program.
   Value offset = b_.param(TensorType{DType::I64, {}});
   params_.push_back(ParamSource{ParamSource::Offset, input_index});
-  return add(lowering::read_strided(b_, flat, src.view, offset));
+  int id = add(lowering::read_strided(b_, flat, src.view, offset));
+  storage_reads_[id] = StorageRead{flat, offset};
+  return id;
 }
 
 bool covers_storage(const at::Tensor& t) {
@@ -134,6 +136,15 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
 int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype) {
   const Value& x = values_.at(base);
   if (lowering::numel(out_view.sizes) == 0) return add(b_.zeros(TensorType{out_dtype, out_view.sizes}));
+  auto storage = storage_reads_.find(base);
+  if (storage != storage_reads_.end() && out_dtype == x.dtype()) {
+    // A view of an input read from its storage: from the storage, at the
+    // input's runtime offset plus the view's offset from the input's.
+    const StorageRead& s = storage->second;
+    Value at = b_.binary("add", s.offset, b_.constant(lowering::Scalar::from_int(out_view.offset - base_view.offset),
+                                                      DType::I64));
+    return add(lowering::read_strided(b_, s.flat, out_view, at));
+  }
   // Offsets count elements of each view's own dtype (view_as_real: the base's
   // offset in float32s is twice its offset in complex64s).
   int64_t base_offset = base_view.offset * lowering::itemsize(x.dtype()) / lowering::itemsize(out_dtype);

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -90,6 +91,13 @@ class GraphProgram {
  private:
   lowering::Builder b_;
   std::vector<lowering::Value> values_;
+  // A tpu input read from its storage (input_view): the storage, flat in the
+  // input's dtype, and the input's runtime storage offset. Views of it read
+  // the storage itself (as_strided may reach outside the input's elements).
+  struct StorageRead {
+    lowering::Value flat, offset;
+  };
+  std::map<int, StorageRead> storage_reads_;  // by value id
   std::vector<ParamSource> params_;
   std::vector<std::pair<lowering::Value, int>> checks_;  // (ok, registered code)
   int check_output_ = -1;
