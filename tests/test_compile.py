@@ -836,3 +836,23 @@ def test_as_strided_of_a_view_input_reads_its_storage(f, view):
     b = base.to("tpu")
     got, expected = torch.compile(f, backend="tpu")(view(b)), f(view(base))
     assert_same(got, expected)
+
+
+@pytest.mark.parametrize("device,backend", [("tpu", "tpu"), ("cpu", "aot_eager")])
+def test_rng_state_functions_inside_compiled_code(device, backend):
+    """torch.testing's freeze_rng_state (OpInfo's wrapper_set_seed) calls the
+    accelerator's get/set_rng_state under no_dispatch: Dynamo traced into
+    torch.tpu's and failed, on CPU tensors too once torch_pjrt is imported.
+    They run on the host now (a graph break, as around torch.cuda's)."""
+    from torch.testing._utils import freeze_rng_state
+
+    def f(x):
+        with freeze_rng_state():
+            return F.dropout(x, 0.5)
+
+    x = torch.randn(64, device=device)
+    run = torch.compile(f, backend=backend)
+    first, second = run(x), run(x)
+    assert torch.equal(first.cpu(), second.cpu())  # the state was restored after each call
+    state = torch.compile(lambda t: (t * 2, torch.tpu.get_rng_state()), backend="tpu")(x.to("tpu"))[1]
+    assert torch.equal(state, torch.tpu.get_rng_state())

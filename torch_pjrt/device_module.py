@@ -354,36 +354,51 @@ def stream(stream):
     return StreamContext(stream)
 
 
+def _host_only(fn):
+    """The generator functions run on the host, never traced: Dynamo would
+    inline them (torch.testing's freeze_rng_state calls them under
+    no_dispatch inside compiled code, which then failed) and graph-breaks
+    around them instead, as around torch.cuda's."""
+    return torch._disable_dynamo(fn)
+
+
 def default_generator(device=None):
     """The device's default generator (what torch.manual_seed seeds)."""
     return _C().default_generator(_index(device))
 
 
+@_host_only
 def manual_seed(seed):
     default_generator().manual_seed(int(seed))
 
 
+@_host_only
 def manual_seed_all(seed):
     for i in range(device_count()):
         default_generator(i).manual_seed(int(seed))
 
 
+@_host_only
 def seed():
     return default_generator().seed()
 
 
+@_host_only
 def initial_seed():
     return default_generator().initial_seed()
 
 
+@_host_only
 def get_rng_state(device=None):
     return default_generator(device).get_state()
 
 
+@_host_only
 def set_rng_state(state, device=None):
     default_generator(device).set_state(state)
 
 
+@_host_only
 def seed_all():
     """One new random seed, set on every device (as torch.cuda.seed_all)."""
     value = default_generator(0).seed()
@@ -391,10 +406,12 @@ def seed_all():
         default_generator(i).manual_seed(value)
 
 
+@_host_only
 def get_rng_state_all():
     return [get_rng_state(i) for i in range(device_count())]
 
 
+@_host_only
 def set_rng_state_all(new_states):
     for i, state in enumerate(new_states):
         set_rng_state(state, i)
