@@ -856,3 +856,25 @@ def test_rng_state_functions_inside_compiled_code(device, backend):
     assert torch.equal(first.cpu(), second.cpu())  # the state was restored after each call
     state = torch.compile(lambda t: (t * 2, torch.tpu.get_rng_state()), backend="tpu")(x.to("tpu"))[1]
     assert torch.equal(state, torch.tpu.get_rng_state())
+
+
+def test_bilinear_and_empty_permuted_compile_whole():
+    """F.bilinear (aten._trilinear in graphs) and torch.empty_permuted have
+    lowerings: they cut compiled graphs into pieces."""
+    torch.manual_seed(0)
+    x1, x2, w, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(6, 4, 5), torch.randn(6)
+
+    def f(x1, x2, w, b):
+        return F.bilinear(x1, x2, w, b) + torch.empty_permuted((3, 6), (1, 0), device=x1.device).fill_(1)
+
+    partitioned = torch_pjrt.metrics()["partitioned_graphs"]
+    ins = [t.to("tpu").requires_grad_() for t in (x1, x2, w, b)]
+    got = torch.compile(f, backend="tpu")(*ins)
+    got.sum().backward()
+    ref = [t.clone().requires_grad_() for t in (x1, x2, w, b)]
+    expected = f(*ref)
+    expected.sum().backward()
+    assert torch_pjrt.metrics()["partitioned_graphs"] == partitioned
+    torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    for g, e in zip(ins, ref):
+        torch.testing.assert_close(g.grad.cpu(), e.grad, rtol=1e-5, atol=1e-5)

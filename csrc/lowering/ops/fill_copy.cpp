@@ -41,6 +41,7 @@ TORCH_PJRT_LOWERING("empty_like", [](LoweringContext& c) { return constant(c, 0)
 TORCH_PJRT_LOWERING("empty_strided", [](LoweringContext& c) { return constant(c, 0); });
 TORCH_PJRT_LOWERING("new_empty", [](LoweringContext& c) { return constant(c, 0); });
 TORCH_PJRT_LOWERING("new_empty_strided", [](LoweringContext& c) { return constant(c, 0); });
+TORCH_PJRT_LOWERING("empty_permuted", [](LoweringContext& c) { return constant(c, 0); });
 TORCH_PJRT_LOWERING("clone", copy_of_self);
 TORCH_PJRT_LOWERING("_to_copy", copy_of_self);
 TORCH_PJRT_LOWERING("lift_fresh_copy", copy_of_self);
