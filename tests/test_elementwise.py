@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, make, tpu
+from conftest import FLOAT_DTYPES, INT_DTYPES, assert_same, check_raises, make, tpu
 
 SHAPES = [(), (0,), (3, 4)]
 SIGNED_INTS = [d for d in INT_DTYPES if d != torch.uint8]
@@ -504,3 +504,28 @@ def test_division_by_a_python_int_is_cpus_quotient(dtype):
     for s in (3, 10, 7):
         assert torch.equal((tpu(x) / s).cpu(), x / s)
         assert torch.equal(torch.div(tpu(x), s, rounding_mode="trunc").cpu(), torch.div(x, s, rounding_mode="trunc"))
+
+
+SHIFT_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+
+
+@pytest.mark.parametrize("dt", SHIFT_DTYPES)
+def test_shifts_run_on_device_with_cpus_out_of_range_rules(dt, no_cpu_fallback):
+    """<<, >> and bitwise_left/right_shift (they ran on the CPU): shift
+    amounts below 0 or at the width and beyond give 0 (left, unsigned right)
+    or the sign fill (signed right), as CPU's kernel."""
+    torch.manual_seed(0)
+    info, bits = torch.iinfo(dt), torch.iinfo(dt).bits
+    x = torch.randint(info.min, info.max, (64,), dtype=torch.int64).to(dt)
+    s = torch.randint(-3, bits + 3, (64,)).to(dt)
+    for f in (lambda a, b: a << b, lambda a, b: a >> b, lambda a, b: a << 3, lambda a, b: a >> 100,
+              torch.bitwise_left_shift, torch.bitwise_right_shift, lambda a, b: torch.bitwise_left_shift(2, b),
+              lambda a, b: a.clone().__ilshift__(b), lambda a, b: a.clone().bitwise_right_shift_(b),
+              lambda a, b: a << b.long()):
+        assert_same(f(tpu(x), tpu(s)), f(x, s))
+
+
+def test_shifts_of_floats_and_bools_raise_as_cpu():
+    for a in (torch.tensor([1.5]), torch.tensor([True])):
+        check_raises(lambda t: torch.bitwise_left_shift(t, t), a)
+    check_raises(lambda t: t >> 1, torch.tensor([1.5]))

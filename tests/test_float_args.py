@@ -58,6 +58,12 @@ SKIP = {
     "bitwise_and": "Scalar is integer-only: CPU rejects a float",
     "bitwise_or": "Scalar is integer-only: CPU rejects a float",
     "bitwise_xor": "Scalar is integer-only: CPU rejects a float",
+    "bitwise_left_shift": "shifts are integer-only: CPU rejects a float",
+    "bitwise_right_shift": "shifts are integer-only: CPU rejects a float",
+    "__lshift__": "shifts are integer-only: CPU rejects a float",
+    "__rshift__": "shifts are integer-only: CPU rejects a float",
+    "__ilshift__": "shifts are integer-only: CPU rejects a float",
+    "__irshift__": "shifts are integer-only: CPU rejects a float",
     "addmm.dtype*": "no CPU kernel to compare with (out_dtype matmul is CUDA-only in PyTorch)",
     "baddbmm.dtype*": "no CPU kernel to compare with (out_dtype matmul is CUDA-only in PyTorch)",
     "_scaled_dot_product_fused_attention_overrideable/dropout_p":

@@ -25,6 +25,19 @@ std::vector<Value> bitwise(LoweringContext& ctx, const char* hlo) {
   return {ctx.b.binary(hlo, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
 }
 
+// bitwise_left_shift / bitwise_right_shift and the << >> operators, in the
+// promoted integer dtype. CPU gives 0 for a left shift by a negative amount
+// or by the width or more, and the sign fill (signed) or 0 (unsigned) for
+// such a right shift; StableHLO's shifts read the amount as unsigned and do
+// the same.
+std::vector<Value> shift(LoweringContext& ctx, bool left) {
+  DType dt = compute_dtype(ctx, "self", "other");
+  if (!is_integral(dt, /*include_bool=*/false)) ctx.kernel_not_implemented(left ? "lshift_cpu" : "rshift_cpu", dt);
+  const Shape& shape = ctx.out().shape;
+  const char* hlo = left ? "shift_left" : is_unsigned(dt) ? "shift_right_logical" : "shift_right_arithmetic";
+  return {ctx.b.binary(hlo, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};
+}
+
 // NaN-propagating maximum/minimum (PyTorch's), for any dtype. On ties (-0.0
 // against 0.0) CPU's vectorized maximum/minimum give `o`, clamp keeps `a`
 // (clamp(-0.0, min=0.0) is -0.0): `keep_a_on_tie`.
@@ -124,6 +137,12 @@ TORCH_PJRT_LOWERING("logical_not", [](LoweringContext& c) {
 TORCH_PJRT_LOWERING("bitwise_and", [](LoweringContext& c) { return bitwise(c, "and"); });
 TORCH_PJRT_LOWERING("bitwise_or", [](LoweringContext& c) { return bitwise(c, "or"); });
 TORCH_PJRT_LOWERING("bitwise_xor", [](LoweringContext& c) { return bitwise(c, "xor"); });
+TORCH_PJRT_LOWERING("bitwise_left_shift", [](LoweringContext& c) { return shift(c, true); });
+TORCH_PJRT_LOWERING("__lshift__", [](LoweringContext& c) { return shift(c, true); });
+TORCH_PJRT_LOWERING("__ilshift__", [](LoweringContext& c) { return shift(c, true); });
+TORCH_PJRT_LOWERING("bitwise_right_shift", [](LoweringContext& c) { return shift(c, false); });
+TORCH_PJRT_LOWERING("__rshift__", [](LoweringContext& c) { return shift(c, false); });
+TORCH_PJRT_LOWERING("__irshift__", [](LoweringContext& c) { return shift(c, false); });
 TORCH_PJRT_LOWERING("bitwise_not", [](LoweringContext& c) {
   return std::vector<Value>{c.b.unary("not", c.tensor("self"))};
 });
