@@ -3,6 +3,7 @@ replayed as one XLA program. Every replayed result is compared with the same
 step run by PyTorch on CPU (float32: rtol/atol 1e-5 per step, as in
 tests/test_training.py); replays that cannot be exact must fall back to
 running the step, never return stale values."""
+import gc
 import os
 import subprocess
 import sys
@@ -104,6 +105,8 @@ def test_donation_never_corrupts_and_memory_stays_flat():
         step_r(x, y)
         torch.testing.assert_close(kept_view.cpu(), next(ref.parameters())[0].detach(), rtol=RTOL, atol=ATOL)
         assert not torch.equal(old.cpu(), next(dev.parameters()).detach().cpu())  # the clone kept the old value
+        del old
+        gc.collect()  # (cyclic garbage of earlier tests in this worker, freed at a random call otherwise)
         torch.tpu.synchronize()
         allocated.append(torch.tpu.memory_allocated())
     assert torch_pjrt.metrics()["fused_donated_buffers"] > 0
