@@ -128,6 +128,65 @@ std::vector<Value> exponential(LoweringContext& ctx) {
   return {b.convert(b.binary("multiply", log, splat_like(b, -1.0 / lambd, log)), out.dtype)};
 }
 
+std::string number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+void require_float(LoweringContext& ctx, const char* distribution) {
+  if (!is_float(ctx.out().dtype))
+    ctx.fail(std::string(distribution) + " distribution is a continuous probability distribution. dtype must be a "
+             "floating point but you specified " + dtype_name(ctx.out().dtype));
+}
+
+// cauchy_(self, median, sigma): median + sigma * tan(pi * (u - 1/2)), u
+// uniform in [0, 1), as CPU's transformation.
+std::vector<Value> cauchy(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  require_float(ctx, "Cauchy");
+  double median = ctx.to_double("median", 0.0), sigma = ctx.to_double("sigma", 1.0);
+  if (!(sigma > 0)) ctx.fail("cauchy_ expects sigma > 0.0, but found sigma=" + number(sigma));
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
+  Value angle = b.binary("multiply", b.binary("subtract", u, splat_like(b, 0.5, u)), splat_like(b, M_PI, u));
+  Value tan = b.binary("divide", b.unary("sine", angle), b.unary("cosine", angle));
+  Value r = b.binary("add", b.binary("multiply", tan, splat_like(b, sigma, tan)), splat_like(b, median, tan));
+  return {b.convert(r, out.dtype)};
+}
+
+// geometric_(self, p): the number of Bernoulli(p) trials to the first
+// success, ceil(log(u) / log1p(-p)) for u uniform in (0, 1]; any dtype.
+std::vector<Value> geometric(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  double p = ctx.to_double("p", 0.5);
+  if (!(p > 0 && p < 1)) ctx.fail("geometric_ expects p to be in (0, 1), but got p=" + number(p));
+  if (out.numel() == 0) return {b.zeros(out)};
+  DType wt = is_float(out.dtype) ? out.dtype : DType::F32;
+  Value u = b.reshape(uniform01(ctx, out.numel(), wt), out.shape);
+  u = b.binary("subtract", splat_like(b, 1.0, u), u);  // (0, 1]
+  Value r = b.unary("ceil", b.binary("divide", b.unary("log", u), splat_like(b, std::log1p(-p), u)));
+  return {b.convert(r, out.dtype)};
+}
+
+// log_normal_(self, mean, std): exp(mean + std * z), z standard normal.
+Value standard_normal(LoweringContext& ctx, const TensorType& out);
+
+std::vector<Value> log_normal(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  require_float(ctx, "LogNormal");
+  double mean = ctx.to_double("mean", 1.0), stdv = ctx.to_double("std", 2.0);
+  if (!(stdv > 0)) ctx.fail("log_normal_ expects std > 0.0, but found std=" + number(stdv));
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value z = standard_normal(ctx, out);
+  Value r = b.unary("exponential", b.binary("add", b.binary("multiply", z, splat_like(b, stdv, z)),
+                                             splat_like(b, mean, z)));
+  return {b.convert(r, out.dtype)};
+}
+
 // Standard normal values by Box-Muller over two uniform draws.
 Value standard_normal(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
@@ -306,6 +365,9 @@ TORCH_PJRT_LOWERING("multinomial", multinomial, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("normal", normal, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("bernoulli", bernoulli, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("exponential", exponential, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("cauchy", cauchy, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("geometric", geometric, /*needs_rng=*/true);
+TORCH_PJRT_LOWERING("log_normal", log_normal, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("random", random, /*needs_rng=*/true);
 
 }  // namespace torch_pjrt::lowering::ops
