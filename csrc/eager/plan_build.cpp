@@ -251,7 +251,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
 
   // A complex scalar: its real and imaginary parts, two runtime scalars.
   auto next_complex = [&](DType dt) {
-    DType part = dt == DType::C128 ? DType::F64 : DType::F32;
+    DType part = lowering::real_dtype(dt);
     Value re = b.convert(*next_scalar(), part), im = b.convert(*next_scalar(), part);
     return b.op("stablehlo.complex", {re, im}, TensorType{dt, {}});
   };

@@ -512,10 +512,7 @@ def lower_graph(gm, args, host_part=None):
         else:
             inputs.append(a)
     graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op == "get_attr" and not isinstance(_attr(gm, node.target), torch.fx.GraphModule):
-            raise Unsupported("get_attr", f"graph attribute {node.target}")
-    result = w.walk(graph, inputs, skip, top=True)
+    result = w.walk(graph, inputs, skip, top=True)  # (get_attr nodes: _Walker.attribute)
     out_nodes = list(graph.nodes)[-1].args[0]
     out_ids, template, outputs = [], [], []
     storage_output = {}  # value id -> index into outputs

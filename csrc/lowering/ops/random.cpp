@@ -102,21 +102,27 @@ std::vector<Value> uniform(LoweringContext& ctx) {
   return {b.select(b.compare(Cmp::GE, r, top), b.splat(Scalar::from_float(from), r.type), r)};
 }
 
+// CPU's error for a continuous distribution drawn into a non-float tensor.
+void require_float(LoweringContext& ctx, const char* distribution) {
+  if (!is_float(ctx.out().dtype))
+    ctx.fail(std::string(distribution) + " distribution is a continuous probability distribution. dtype must be a "
+             "floating point but you specified " + dtype_name(ctx.out().dtype));
+}
+
+// x * scale + shift (a draw moved to its distribution's location and scale).
+Value affine(Builder& b, const Value& x, double scale, double shift) {
+  return b.binary("add", b.binary("multiply", x, splat_like(b, scale, x)), splat_like(b, shift, x));
+}
+
 // exponential_(self, lambd): -log(u) / lambd for u uniform in (0, 1], as
 // CUDA's kernel: a u of 1 takes -eps/2 for its log, so no sample is 0 (the
 // Gumbel noise of gumbel_softmax, -log of these, stays finite).
 std::vector<Value> exponential(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  if (!is_float(out.dtype))
-    ctx.fail(std::string("Exponential distribution is a continuous probability distribution. dtype must be a "
-                         "floating point but you specified ") + dtype_name(out.dtype));
+  require_float(ctx, "Exponential");
   double lambd = ctx.to_double("lambd", 1.0);
-  if (!(lambd > 0)) {
-    std::ostringstream v;
-    v << lambd;
-    ctx.fail("exponential_ expects lambda > 0.0, but found lambda=" + v.str());
-  }
+  if (!(lambd > 0)) ctx.fail("exponential_ expects lambda > 0.0, but found lambda=" + num(lambd));
   if (out.numel() == 0) return {b.zeros(out)};
   // Work-type precision for half outputs too: 8 bits would cut bfloat16's tail at 5.5.
   DType wt = work_type(out.dtype);
@@ -128,18 +134,6 @@ std::vector<Value> exponential(LoweringContext& ctx) {
   return {b.convert(b.binary("multiply", log, splat_like(b, -1.0 / lambd, log)), out.dtype)};
 }
 
-std::string number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-void require_float(LoweringContext& ctx, const char* distribution) {
-  if (!is_float(ctx.out().dtype))
-    ctx.fail(std::string(distribution) + " distribution is a continuous probability distribution. dtype must be a "
-             "floating point but you specified " + dtype_name(ctx.out().dtype));
-}
-
 // cauchy_(self, median, sigma): median + sigma * tan(pi * (u - 1/2)), u
 // uniform in [0, 1), as CPU's transformation.
 std::vector<Value> cauchy(LoweringContext& ctx) {
@@ -147,13 +141,12 @@ std::vector<Value> cauchy(LoweringContext& ctx) {
   const TensorType& out = ctx.out();
   require_float(ctx, "Cauchy");
   double median = ctx.to_double("median", 0.0), sigma = ctx.to_double("sigma", 1.0);
-  if (!(sigma > 0)) ctx.fail("cauchy_ expects sigma > 0.0, but found sigma=" + number(sigma));
+  if (!(sigma > 0)) ctx.fail("cauchy_ expects sigma > 0.0, but found sigma=" + num(sigma));
   if (out.numel() == 0) return {b.zeros(out)};
   Value u = b.reshape(uniform01(ctx, out.numel(), out.dtype), out.shape);
   Value angle = b.binary("multiply", b.binary("subtract", u, splat_like(b, 0.5, u)), splat_like(b, M_PI, u));
   Value tan = b.binary("divide", b.unary("sine", angle), b.unary("cosine", angle));
-  Value r = b.binary("add", b.binary("multiply", tan, splat_like(b, sigma, tan)), splat_like(b, median, tan));
-  return {b.convert(r, out.dtype)};
+  return {b.convert(affine(b, tan, sigma, median), out.dtype)};
 }
 
 // geometric_(self, p): the number of Bernoulli(p) trials to the first
@@ -162,28 +155,12 @@ std::vector<Value> geometric(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   double p = ctx.to_double("p", 0.5);
-  if (!(p > 0 && p < 1)) ctx.fail("geometric_ expects p to be in (0, 1), but got p=" + number(p));
+  if (!(p > 0 && p < 1)) ctx.fail("geometric_ expects p to be in (0, 1), but got p=" + num(p));
   if (out.numel() == 0) return {b.zeros(out)};
   DType wt = is_float(out.dtype) ? out.dtype : DType::F32;
   Value u = b.reshape(uniform01(ctx, out.numel(), wt), out.shape);
   u = b.binary("subtract", splat_like(b, 1.0, u), u);  // (0, 1]
   Value r = b.unary("ceil", b.binary("divide", b.unary("log", u), splat_like(b, std::log1p(-p), u)));
-  return {b.convert(r, out.dtype)};
-}
-
-// log_normal_(self, mean, std): exp(mean + std * z), z standard normal.
-Value standard_normal(LoweringContext& ctx, const TensorType& out);
-
-std::vector<Value> log_normal(LoweringContext& ctx) {
-  Builder& b = ctx.b;
-  const TensorType& out = ctx.out();
-  require_float(ctx, "LogNormal");
-  double mean = ctx.to_double("mean", 1.0), stdv = ctx.to_double("std", 2.0);
-  if (!(stdv > 0)) ctx.fail("log_normal_ expects std > 0.0, but found std=" + number(stdv));
-  if (out.numel() == 0) return {b.zeros(out)};
-  Value z = standard_normal(ctx, out);
-  Value r = b.unary("exponential", b.binary("add", b.binary("multiply", z, splat_like(b, stdv, z)),
-                                             splat_like(b, mean, z)));
   return {b.convert(r, out.dtype)};
 }
 
@@ -203,13 +180,25 @@ Value standard_normal(LoweringContext& ctx, const TensorType& out) {
   return b.reshape(z, out.shape);
 }
 
+// log_normal_(self, mean, std): exp(mean + std * z), z standard normal.
+std::vector<Value> log_normal(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  require_float(ctx, "LogNormal");
+  double mean = ctx.to_double("mean", 1.0), stdv = ctx.to_double("std", 2.0);
+  if (!(stdv > 0)) ctx.fail("log_normal_ expects std > 0.0, but found std=" + num(stdv));
+  if (out.numel() == 0) return {b.zeros(out)};
+  Value z = standard_normal(ctx, out);
+  return {b.convert(b.unary("exponential", affine(b, z, stdv, mean)), out.dtype)};
+}
+
 // A complex normal_ (float mean and std: the executor sends tensor ones to
 // the CPU): as CPU, the real and imaginary parts each drawn with half the
 // variance (std / sqrt(2)), the mean added to both.
 Value complex_normal(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  TensorType pt{out.dtype == DType::C128 ? DType::F64 : DType::F32, out.shape};
+  TensorType pt{real_dtype(out.dtype), out.shape};
   int64_t n = out.numel();
   Value z = standard_normal(ctx, TensorType{pt.dtype, {2 * n}});
   Value stdv = b.binary("multiply", operand_as(ctx, "std", pt.dtype, out.shape),
