@@ -114,7 +114,7 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   std::vector<Value> res = info->fn(ctx);
   for (const auto& c : ctx.checks) {
     std::string op = "aten::" + name + (overload.empty() ? "" : "." + overload) + " (in a compiled graph)";
-    checks_.emplace_back(c.ok, eager::register_check(op, c));
+    checks_.push_back(Check{c.ok, eager::register_check(op, c), std::nullopt});
   }
   if (res.size() != outputs.size())
     throw std::runtime_error("torch_pjrt: lowering of aten::" + name + " produced " + std::to_string(res.size()) +
@@ -204,11 +204,94 @@ std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vec
     Value word = b_.param(TensorType{DType::I32, {}});
     params_.push_back(ParamSource{ParamSource::CheckWord, -1});
     check_output_ = static_cast<int>(flat.size());
-    flat.push_back(lowering::fold_checks(b_, word, checks_));
+    flat.push_back(fold_checks(word, 0));
   }
   output_types_.clear();
   for (const Value& v : flat) output_types_.push_back(v.type);
   return b_.finish(flat);
+}
+
+Value GraphProgram::fold_checks(const Value& word, size_t from) {
+  TensorType t{DType::I32, {}};
+  Value zero = b_.splat(lowering::Scalar::from_int(0), t);
+  Value failed = zero;
+  // The first failing check wins: fold from the last one back.
+  for (size_t i = checks_.size(); i-- > from;) {
+    const Check& c = checks_[i];
+    failed = c.failed ? b_.select(b_.compare(lowering::Cmp::NE, *c.failed, zero), *c.failed, failed)
+                      : b_.select(c.ok, failed, b_.splat(lowering::Scalar::from_int(c.code), t));
+  }
+  return b_.select(b_.compare(lowering::Cmp::NE, word, zero), word, failed);
+}
+
+std::vector<int> GraphProgram::open_region(const std::vector<TensorType>& types, bool loop) {
+  OpenRegion r{checks_.size(), loop, eager::checks_enabled(), std::nullopt};
+  std::vector<TensorType> all = types;
+  if (r.code && loop) all.push_back(TensorType{DType::I32, {}});
+  std::vector<Value> args = b_.open_region(all);
+  if (r.code && loop) {
+    r.code_arg = args.back();
+    args.pop_back();
+  }
+  open_.push_back(r);
+  std::vector<int> ids;
+  for (const Value& v : args) ids.push_back(add(v));
+  return ids;
+}
+
+bool GraphProgram::in_loop() const {
+  for (const OpenRegion& r : open_)
+    if (r.loop) return true;
+  return false;
+}
+
+int GraphProgram::close_region(const std::vector<int>& results, bool yields_code) {
+  if (open_.empty()) throw std::logic_error("torch_pjrt: close_region without an open region");
+  OpenRegion r = open_.back();
+  std::vector<Value> yields;
+  for (int id : results) yields.push_back(values_.at(id));
+  if (r.code && yields_code) {
+    Value word = r.code_arg ? *r.code_arg : b_.splat(lowering::Scalar::from_int(0), TensorType{DType::I32, {}});
+    yields.push_back(fold_checks(word, r.checks_from));
+  } else if (checks_.size() > r.checks_from) {
+    throw std::runtime_error("torch_pjrt: a value check (index range, division by zero) in a loop's condition");
+  }
+  checks_.resize(r.checks_from);  // (their values live in the region)
+  open_.pop_back();
+  Region out{b_.close_region(yields), {}, r.code};
+  for (const Value& v : yields) out.yields.push_back(v.type);
+  regions_.push_back(std::move(out));
+  return static_cast<int>(regions_.size()) - 1;
+}
+
+std::vector<int> GraphProgram::control_results(const std::vector<Value>& results, bool code) {
+  std::vector<int> ids;
+  for (size_t i = 0; i + (code ? 1 : 0) < results.size(); ++i) ids.push_back(add(results[i]));
+  if (code) checks_.push_back(Check{results.back(), 0, results.back()});
+  return ids;
+}
+
+std::vector<int> GraphProgram::if_op(int pred, int then_region, int else_region) {
+  const Region& a = regions_.at(then_region);
+  const Region& b = regions_.at(else_region);
+  if (a.yields != b.yields || a.code != b.code)
+    throw std::runtime_error("torch_pjrt: the branches of a cond yield different types");
+  Value p = b_.convert(values_.at(pred), DType::Bool);
+  if (!p.shape().empty()) p = b_.reshape(p, {});
+  return control_results(b_.op_multi("stablehlo.if", {p}, a.yields, "", a.text + ", " + b.text), a.code);
+}
+
+std::vector<int> GraphProgram::while_op(const std::vector<int>& init, int cond_region, int body_region) {
+  const Region& c = regions_.at(cond_region);
+  const Region& body = regions_.at(body_region);
+  std::vector<Value> carried;
+  for (int id : init) carried.push_back(values_.at(id));
+  if (body.code) carried.push_back(b_.splat(lowering::Scalar::from_int(0), TensorType{DType::I32, {}}));
+  std::vector<TensorType> types;
+  for (const Value& v : carried) types.push_back(v.type);
+  if (body.yields != types || c.yields.size() != 1)
+    throw std::runtime_error("torch_pjrt: a while_loop body yields other types than it carries");
+  return control_results(b_.op_multi("stablehlo.while", carried, types, "", c.text + ", " + body.text), body.code);
 }
 
 void prepare_fused(CompiledGraph& g, const GraphProgram& prog, const std::string& text, const std::string& name) {

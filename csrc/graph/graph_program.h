@@ -75,6 +75,19 @@ class GraphProgram {
   // diagonal_scatter / as_strided_scatter: a copy of `base` (laid out as
   // `base_view`, dense) with value `src` written where `out_view` reads.
   int view_scatter(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view, int src);
+  // Control flow (torch.cond, while_loop, scan -> stablehlo.if / while).
+  // open_region starts a region whose block arguments have `types` (their
+  // ids returned; values made before it may be used inside); close_region
+  // ends the innermost one yielding `results` and returns its handle. The
+  // value checks made inside a region leave it as a failure code it yields
+  // (`yields_code`; a loop's regions also carry it, `loop`), which the op's
+  // result adds to the check word. A loop's condition yields no code: a
+  // check there raises.
+  std::vector<int> open_region(const std::vector<lowering::TensorType>& types, bool loop);
+  int close_region(const std::vector<int>& results, bool yields_code);
+  std::vector<int> if_op(int pred, int then_region, int else_region);
+  std::vector<int> while_op(const std::vector<int>& init, int cond_region, int body_region);
+  bool in_loop() const;
   const lowering::Value& value(int id) const { return values_.at(id); }
   lowering::Builder& builder() { return b_; }
   int add(const lowering::Value& v);
@@ -99,7 +112,29 @@ class GraphProgram {
   };
   std::map<int, StorageRead> storage_reads_;  // by value id
   std::vector<ParamSource> params_;
-  std::vector<std::pair<lowering::Value, int>> checks_;  // (ok, registered code)
+  // A check: `ok` (0-d bool) or failing with registered `code`; or, after a
+  // control-flow op, the code its regions computed (`failed`, 0: none).
+  struct Check {
+    lowering::Value ok;
+    int code = 0;
+    std::optional<lowering::Value> failed;
+  };
+  std::vector<Check> checks_;
+  // The first failing check of checks_[from..] as a code, or `word` if nonzero.
+  lowering::Value fold_checks(const lowering::Value& word, size_t from);
+  struct Region {
+    std::string text;
+    std::vector<lowering::TensorType> yields;
+    bool code = false;  // its last block argument (loops) and yield: a check code
+  };
+  struct OpenRegion {
+    size_t checks_from;
+    bool loop, code;
+    std::optional<lowering::Value> code_arg;
+  };
+  std::vector<Region> regions_;
+  std::vector<OpenRegion> open_;
+  std::vector<int> control_results(const std::vector<lowering::Value>& results, bool code);
   int check_output_ = -1;
   std::vector<lowering::TensorType> output_types_;
 };

@@ -389,20 +389,31 @@ std::string Builder::binary_region(DType dtype, const std::string& body_op) {
 }
 
 std::string Builder::region(const std::vector<TensorType>& types, const LoopFn& fn) {
-  // Emitted into body_ by the callback, then cut out of it.
-  std::string outer;
-  std::swap(outer, body_);
+  std::vector<Value> args = open_region(types);
+  return close_region(fn(*this, args));
+}
+
+std::vector<Value> Builder::open_region(const std::vector<TensorType>& types) {
+  // The body is emitted into body_, then cut out of it by close_region.
+  OpenRegion r;
+  std::swap(r.outer_body, body_);
   std::vector<Value> args;
-  std::string sig;
   for (size_t i = 0; i < types.size(); ++i) {
     args.push_back(Value{fresh(), types[i]});
-    sig += (i ? ", " : "") + args.back().id + ": " + types[i].str();
+    r.signature += (i ? ", " : "") + args.back().id + ": " + types[i].str();
   }
-  std::vector<Value> results = fn(*this, args);
+  open_.push_back(std::move(r));
+  return args;
+}
+
+std::string Builder::close_region(const std::vector<Value>& results) {
+  if (open_.empty()) throw std::logic_error("torch_pjrt: close_region without an open region");
+  OpenRegion r = std::move(open_.back());
+  open_.pop_back();
   std::string inner;
   std::swap(inner, body_);
-  body_ = std::move(outer);
-  return "{\n    ^bb0(" + sig + "):\n" + inner + "    \"stablehlo.return\"(" + ids_of(results) + ") : (" +
+  body_ = std::move(r.outer_body);
+  return "{\n    ^bb0(" + r.signature + "):\n" + inner + "    \"stablehlo.return\"(" + ids_of(results) + ") : (" +
          types_of(results) + ") -> ()\n    }";
 }
 

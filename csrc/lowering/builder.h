@@ -82,6 +82,12 @@ class Builder {
   // A region whose block arguments have `types`; `fn` emits its body and
   // returns what it yields (while's cond and body, a variadic reduction's body).
   std::string region(const std::vector<TensorType>& types, const LoopFn& fn);
+  // The same in two calls, for a caller that emits the body in between (the
+  // graph frontend walking a control-flow subgraph): open_region returns the
+  // block arguments; close_region the region's text, yielding `results`.
+  // Regions nest; close_region closes the innermost open one.
+  std::vector<Value> open_region(const std::vector<TensorType>& types);
+  std::string close_region(const std::vector<Value>& results);
   // A region `{ ^bb0(%a: T, %b: T): %r = body(%a, %b); return %r }` for reduce/scatter.
   std::string binary_region(DType dtype, const std::string& body_op);
   // A scatter's update region: `combine_op` ("stablehlo.add", ...) or, when
@@ -144,6 +150,10 @@ class Builder {
   std::vector<std::pair<size_t, size_t>> aliases_;
   std::string body_;
   std::string functions_;
+  struct OpenRegion {
+    std::string outer_body, signature;
+  };
+  std::vector<OpenRegion> open_;
 };
 
 std::string i64_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"

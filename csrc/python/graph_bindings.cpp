@@ -168,6 +168,48 @@ void bind_graph(py::module& m) {
              b.set_replicas(ranks);
              return g.add(distributed::emit_collective(b, spec, g.value(id)));
            })
+      // Control flow: regions of stablehlo.if / while (GraphProgram::open_region).
+      .def("open_region",
+           [](GraphProgram& g, const py::list& types, bool loop) {
+             std::vector<TensorType> t;
+             for (auto e : types) t.push_back(*tensor_type(e));
+             return g.open_region(t, loop);
+           })
+      .def("close_region", &GraphProgram::close_region)
+      // A scan's loop: its counter (0-d s64) against the length, the next
+      // counter, and the slice at the counter of dim 0 read and written.
+      .def("index_below",
+           [](GraphProgram& g, int i, int64_t n) {
+             auto& b = g.builder();
+             return g.add(b.compare(lowering::Cmp::LT, g.value(i), b.constant_int(n, DType::I64)));
+           })
+      .def("index_next",
+           [](GraphProgram& g, int i) {
+             auto& b = g.builder();
+             return g.add(b.binary("add", g.value(i), b.constant_int(1, DType::I64)));
+           })
+      .def("slice_at",
+           [](GraphProgram& g, int x, int i) {
+             auto& b = g.builder();
+             const lowering::Value& v = g.value(x);
+             std::vector<lowering::Value> start{g.value(i)};
+             lowering::Shape sizes = v.shape(), rest(v.shape().begin() + 1, v.shape().end());
+             sizes[0] = 1;
+             for (size_t d = 1; d < sizes.size(); ++d) start.push_back(b.constant_int(0, DType::I64));
+             return g.add(b.reshape(b.dynamic_slice(v, start, sizes), rest));
+           })
+      .def("update_at",
+           [](GraphProgram& g, int acc, int y, int i) {
+             auto& b = g.builder();
+             const lowering::Value& a = g.value(acc);
+             std::vector<lowering::Value> start{g.value(i)};
+             lowering::Shape one = a.shape();
+             one[0] = 1;
+             for (size_t d = 1; d < one.size(); ++d) start.push_back(b.constant_int(0, DType::I64));
+             return g.add(b.dynamic_update_slice_at(a, b.reshape(g.value(y), one), start));
+           })
+      .def("if_op", &GraphProgram::if_op)
+      .def("while_op", &GraphProgram::while_op)
       .def("finish", &GraphProgram::finish)
       .def("num_params", [](GraphProgram& g) { return g.params().size(); })
       // Per program parameter: (kind, graph input index or -1); readiness

@@ -10,7 +10,7 @@ import torch
 
 from . import stats
 from .graph_fn import CompiledGraphFn, _describe_change
-from .lower_graph import registry_lowering
+from .lower_graph import is_view, registry_lowering
 
 _graph_ids = itertools.count()
 _frames = {}  # Dynamo frame id -> signature of the example tensors it last captured
@@ -22,8 +22,12 @@ def decompositions():
     lower itself (a lowering is preferred: it is usually one fused op)."""
     from torch._decomp import core_aten_decompositions, decomposition_table
     table = {}
+    # Views are not decomposed: the walk reads any view from its base's
+    # layout, and detach decomposed into alias made scan's functionalization
+    # see a carry aliasing an output (an RNN cell's scan could not train).
     for op, fn in core_aten_decompositions().items():
-        if isinstance(op, torch._ops.OpOverload) and registry_lowering(op._schema) is None:
+        if isinstance(op, torch._ops.OpOverload) and registry_lowering(op._schema) is None \
+                and not is_view(op._schema):
             table[op] = fn
     # An op that writes an argument that is not an out= one keeps PyTorch's
     # decomposition even where it is lowered: a composite reaching it below

@@ -109,6 +109,38 @@ def _strided(t):
     return (list(t.shape), list(t.stride()), t.storage_offset())
 
 
+# Control-flow higher-order ops lowered to regions: op name -> _Walker method.
+_CONTROL_FLOW = {"cond": "cond", "while_loop": "while_loop", "scan": "scan", "map_impl": "map_impl"}
+
+
+def _view_of_copy(op):
+    """The view op `op` (aten.X_copy, as functionalization writes views
+    inside control-flow subgraphs) copies, or None."""
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[1][:-len("_copy")], None)
+    view = getattr(packet, op._schema.overload_name or "default", None) if packet is not None else None
+    return view if view is not None and is_view(view._schema) else None
+
+
+def _dense_meta(v):
+    """A contiguous meta tensor of `v`'s type (a region's values are logical arrays)."""
+    m = v.meta if isinstance(v, _Val) else None
+    if not isinstance(m, torch.Tensor):
+        raise Unsupported("control flow", f"a subgraph value of type {type(v).__name__}")
+    return torch.empty(m.shape, dtype=m.dtype, device=_META)
+
+
+def _subgraph_metas(gm, inputs):
+    """The flat output metas of subgraph `gm` run on meta tensors, or None."""
+    try:
+        out = torch.fx.Interpreter(gm).run(*inputs)
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: not lowered then
+        return None
+    flat = tree_flatten(out)[0]
+    if not all(isinstance(t, torch.Tensor) for t in flat):
+        return None
+    return [torch.empty(t.shape, dtype=t.dtype, device=_META) for t in flat]
+
+
 def _is_dense(t):
     """Non-overlapping and dense: a permutation of a contiguous layout."""
     return _state.C.dense_permutation(list(t.shape), list(t.stride())) is not None
@@ -127,6 +159,7 @@ class _Walker:
         self.fakes = {}        # value id -> the fake tensor PyTorch traced for it (top graph)
         self.replica_ids = []  # set by the graph's collectives (one group per graph)
         self.device = None     # the tpu index the graph runs on (collectives need it)
+        self.loop_depth = 0    # inside while_loop / scan bodies (random ops are not lowered there)
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -211,6 +244,11 @@ class _Walker:
         if name in _VIEW_SCATTERS and isinstance(args[0], _Val) and isinstance(args[1], _Val):
             return self.view_scatter(name, args, metas, out_meta)
         target = registry_lowering(schema)
+        if target is None and name.endswith("_copy"):
+            view_op = _view_of_copy(op)
+            if view_op is not None:  # detach_copy, transpose_copy...: the view's values, in new memory
+                v = self.call_op(view_op, args, kwargs)
+                return [_Val(e.id, m) for e, m in zip(v, out_meta)] if isinstance(v, list) else _Val(v.id, out_meta)
         if target is None:
             return self.decompose(op, args, kwargs)
         lowering, overload, per_element = target
@@ -262,6 +300,7 @@ class _Walker:
         return _Val(vid, torch.empty(shape, dtype=x.meta.dtype, device=_META))
 
     def lower(self, schema, name, overload, args, kwargs, out_meta):
+        self.check_random(name, overload)
         single = isinstance(out_meta, torch.Tensor)
         metas = [out_meta] if single else list(out_meta)
         types = [_type(m) if isinstance(m, torch.Tensor) else None for m in metas]
@@ -271,7 +310,14 @@ class _Walker:
         vals = [None if i is None else _Val(i, m) for i, m in zip(ids, metas)]
         return vals[0] if single else tuple(vals)
 
+    def check_random(self, name, overload):
+        # A loop body's program runs once per iteration with the same key:
+        # a random op there would draw the same numbers every time.
+        if self.loop_depth and self.C.find_lowering(name, overload)[1]:
+            raise Unsupported(f"aten::{name}", "a random op inside a while_loop or scan body")
+
     def foreach(self, schema, elem, overload, args, kwargs, out_meta):
+        self.check_random(elem, overload)
         packed = self.pack(schema, args, kwargs)
         n = len(next(p[2] for p in packed if p[1] == "tl"))
         aliases = dict(self.C.foreach_aliases())
@@ -318,6 +364,117 @@ class _Walker:
         if fn is None:
             raise Unsupported(op, "a higher-order op without a dense implementation")
         return self.trace_and_walk(op, fn, args, kwargs, on_device=True)
+
+    # ---- control flow: torch.cond -> stablehlo.if, while_loop / scan / map -> stablehlo.while ----
+    def subgraph(self, gm, inputs):
+        out = self.walk(gm.graph, inputs)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    def yield_id(self, v, like):
+        """The id of subgraph result `v` as a value of `like`'s type (a meta)."""
+        if not isinstance(v, _Val):
+            if isinstance(v, (bool, int, float)):
+                return self.prog.convert(self.prog.constant(v, like.dtype), like.dtype, list(like.shape))
+            raise Unsupported("control flow", f"a subgraph result of type {type(v).__name__}")
+        if _type(v.meta) == _type(like):
+            return v.id
+        if list(v.meta.shape) != list(like.shape):
+            raise Unsupported("control flow", f"a subgraph result of shape {list(v.meta.shape)} "
+                              f"where {list(like.shape)} is expected")
+        return self.prog.convert(v.id, like.dtype, list(like.shape))
+
+    def close(self, ids, yields_code):
+        try:
+            return self.prog.close_region(ids, yields_code)
+        except RuntimeError as e:
+            raise Unsupported("control flow", str(e)) from e
+
+    def region_args(self, metas, loop):
+        return [_Val(i, m) for i, m in zip(self.prog.open_region([_type(m) for m in metas], loop), metas)]
+
+    def cond(self, node, args):
+        pred, then_gm, else_gm, operands = args[:4]
+        operands = list(operands)
+        if not isinstance(pred, _Val):  # a host bool: only that branch
+            return tuple(self.subgraph(then_gm if pred else else_gm, operands))
+        if pred.meta.numel() != 1:
+            raise Unsupported("cond", f"a predicate of shape {list(pred.meta.shape)}")
+        regions, metas = [], None
+        for gm in (then_gm, else_gm):
+            self.prog.open_region([], False)
+            outs = self.subgraph(gm, operands)
+            if metas is None:
+                metas = [_dense_meta(v) for v in outs]
+            if len(outs) != len(metas):
+                raise Unsupported("cond", "branches with different numbers of results")
+            regions.append(self.close([self.yield_id(v, m) for v, m in zip(outs, metas)], True))
+        ids = self.prog.if_op(pred.id, *regions)
+        return tuple(_Val(i, m) for i, m in zip(ids, metas))
+
+    def while_loop(self, node, args):
+        cond_gm, body_gm, carried, additional = args[:4]
+        carried, additional = list(carried), list(additional)
+        if not all(isinstance(c, _Val) for c in carried):
+            raise Unsupported("while_loop", "a loop-carried Python number")
+        metas = [_dense_meta(c) for c in carried]
+        self.loop_depth += 1
+        try:
+            out = self.subgraph(cond_gm, self.region_args(metas, True) + additional)
+            if len(out) != 1:
+                raise Unsupported("while_loop", "a condition with more than one result")
+            cond = self.close([self.yield_id(out[0], torch.empty((), dtype=torch.bool, device=_META))], False)
+            out = self.subgraph(body_gm, self.region_args(metas, True) + additional)
+            if len(out) != len(metas):
+                raise Unsupported("while_loop", "a body whose results do not match the carried values")
+            body = self.close([self.yield_id(v, m) for v, m in zip(out, metas)], True)
+        finally:
+            self.loop_depth -= 1
+        ids = self.prog.while_op([c.id for c in carried], cond, body)
+        return tuple(_Val(i, m) for i, m in zip(ids, metas))
+
+    def scan(self, node, args, carry_count=None):
+        """scan(combine, init, xs, additional) over dim 0 of xs: a while loop
+        carrying a counter, the carry and the stacked outputs, the slices
+        read and written at the counter."""
+        combine, init, xs, additional = args[:4]
+        init, xs, additional = list(init), list(xs), list(additional)
+        if not xs or not all(isinstance(v, _Val) for v in init + xs):
+            raise Unsupported(node.target, "no scanned tensors, or a Python number carried")
+        length = xs[0].meta.shape[0]
+        carry_metas = [_dense_meta(c) for c in init]
+        slice_metas = [torch.empty(x.meta.shape[1:], dtype=x.meta.dtype, device=_META) for x in xs]
+        step_metas = _subgraph_metas(combine, carry_metas + slice_metas + [
+            a.meta if isinstance(a, _Val) else a for a in additional])
+        if step_metas is None:
+            raise Unsupported(node.target, "the shapes of its per-step outputs could not be inferred")
+        y_metas = step_metas[len(init):]
+        stacked = [torch.empty((length, *m.shape), dtype=m.dtype, device=_META) for m in y_metas]
+        counter = torch.empty((), dtype=torch.int64, device=_META)
+        metas = [counter] + carry_metas + stacked
+        init_ids = [self.prog.constant(0, torch.int64)] + [c.id for c in init] + [
+            self.prog.convert(self.prog.constant(0, m.dtype), m.dtype, list(m.shape)) for m in stacked]
+        self.loop_depth += 1
+        try:
+            a = self.region_args(metas, True)
+            cond = self.close([self.prog.index_below(a[0].id, length)], False)
+            a = self.region_args(metas, True)
+            i, carry, acc = a[0], a[1:1 + len(init)], a[1 + len(init):]
+            slices = [_Val(self.prog.slice_at(x.id, i.id), m) for x, m in zip(xs, slice_metas)]
+            out = self.subgraph(combine, carry + slices + additional)
+            if len(out) != len(init) + len(y_metas):
+                raise Unsupported(node.target, "a step with an unexpected number of results")
+            ys = [self.prog.update_at(acc_k.id, self.yield_id(y, m), i.id)
+                  for acc_k, y, m in zip(acc, out[len(init):], y_metas)]
+            body = self.close([self.prog.index_next(i.id)] + [self.yield_id(v, m) for v, m in zip(
+                out[:len(init)], carry_metas)] + ys, True)
+        finally:
+            self.loop_depth -= 1
+        ids = self.prog.while_op(init_ids, cond, body)
+        return tuple(_Val(i, m) for i, m in zip(ids[1:], metas[1:]))
+
+    def map_impl(self, node, args):
+        f, xs, pos_args = args[:3]
+        return self.scan(node, (f, [], xs, pos_args))
 
     def trace_and_walk(self, op, fn, args, kwargs, on_device=False):
         """Traces fn (a decomposition) on the arguments' metadata and walks
@@ -418,6 +575,8 @@ class _Walker:
                     env[node] = a[0][a[1]]
                 elif target is torch.ops.higher_order.with_effects:
                     env[node] = self.with_effects(a, k)
+                elif getattr(target, "_name", None) in _CONTROL_FLOW:
+                    env[node] = getattr(self, _CONTROL_FLOW[target._name])(node, a)
                 elif isinstance(target, torch._ops.HigherOrderOperator):
                     env[node] = self.higher_order(target, a, k)
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
