@@ -113,6 +113,17 @@ def _strided(t):
 _CONTROL_FLOW = {"cond": "cond", "while_loop": "while_loop", "scan": "scan", "map_impl": "map_impl"}
 
 
+def _custom_op_impl(op):
+    """The Python implementation a torch.library.custom_op has for tpu (its
+    tpu kernel, else its every-device one), or None."""
+    if op.namespace in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import _maybe_get_opdef
+    opdef = _maybe_get_opdef(op)
+    fns = opdef._backend_fns if opdef is not None else {}
+    return fns.get("tpu") or fns.get("privateuseone") or fns.get(None)
+
+
 def _view_of_copy(op):
     """The view op `op` (aten.X_copy, as functionalization writes views
     inside control-flow subgraphs) copies, or None."""
@@ -250,6 +261,9 @@ class _Walker:
                 v = self.call_op(view_op, args, kwargs)
                 return [_Val(e.id, m) for e, m in zip(v, out_meta)] if isinstance(v, list) else _Val(v.id, out_meta)
         if target is None:
+            custom = _custom_op_impl(op)
+            if custom is not None:  # torch.library.custom_op written in torch ops: traced inline
+                return self.trace_and_walk(op, custom, args, kwargs, on_device=True, constants=False)
             return self.decompose(op, args, kwargs)
         lowering, overload, per_element = target
         if per_element:
@@ -476,10 +490,12 @@ class _Walker:
         f, xs, pos_args = args[:3]
         return self.scan(node, (f, [], xs, pos_args))
 
-    def trace_and_walk(self, op, fn, args, kwargs, on_device=False):
+    def trace_and_walk(self, op, fn, args, kwargs, on_device=False, constants=True):
         """Traces fn (a decomposition) on the arguments' metadata and walks
         the ATen graph it makes in place of `op`. `on_device`: on fake tpu
-        tensors (subgraphs make tensors on the graph's device)."""
+        tensors (subgraphs make tensors on the graph's device). `constants`:
+        whether tensor constants the trace makes are allowed (not for user
+        code: one made from host data, x.cpu().numpy(), would be frozen)."""
         from torch.fx.experimental.proxy_tensor import make_fx
         # FX's immutable lists become plain ones: decompositions may edit them.
         plain = lambda v: [plain(e) for e in v] if isinstance(v, list) else v  # noqa: E731
@@ -506,6 +522,9 @@ class _Walker:
         except Exception as e:  # noqa: BLE001 - the decomposition does not apply here
             what = "its dense implementation could not be traced" if on_device else "its PyTorch decomposition failed"
             raise Unsupported(op, f"{what}: {e}") from e
+        if not constants and any(n.op == "get_attr" and isinstance(_attr(sub, n.target), torch.Tensor)
+                                 for n in sub.graph.nodes):
+            raise Unsupported(op, "its implementation makes a tensor the trace cannot follow (host data)")
         return self.walk(sub.graph, [flat[i] for i in where])
 
     def attribute(self, obj, name):
