@@ -12,4 +12,8 @@ namespace torch_pjrt::device {
 const at::Generator& default_generator(int device);
 // Two 64-bit words for the program's random state, advancing the generator.
 std::pair<uint64_t, uint64_t> next_rng_key(const std::optional<at::Generator>& gen, int device);
+// While set (on this thread), next_rng_key returns `key` and draws nothing:
+// a random op run again under activation checkpointing's saved state
+// (run_with_rng_state) draws what it drew the first time.
+void force_rng_key(std::optional<std::pair<uint64_t, uint64_t>> key);
 }  // namespace torch_pjrt::device

@@ -94,7 +94,14 @@ const at::Generator& default_generator(int device) {
   return generators()[device];
 }
 
+namespace {
+thread_local std::optional<std::pair<uint64_t, uint64_t>> forced_key;
+}
+
+void force_rng_key(std::optional<std::pair<uint64_t, uint64_t>> key) { forced_key = key; }
+
 std::pair<uint64_t, uint64_t> next_rng_key(const std::optional<at::Generator>& gen, int device) {
+  if (forced_key) return *forced_key;
   at::Generator g = gen.has_value() && gen->defined() ? *gen : default_generator(device);
   TORCH_CHECK(g.device().type() == c10::DeviceType::PrivateUse1,
               "torch_pjrt: expected a tpu generator, got one for ", g.device());

@@ -97,16 +97,13 @@ GraphProgram::GraphProgram() { b_.set_f32_precision(device::f32_matmul_precision
 
 GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::string& overload,
                                             std::vector<lowering::Arg> args,
-                                            const std::vector<std::optional<TensorType>>& outputs) {
+                                            const std::vector<std::optional<TensorType>>& outputs,
+                                            std::optional<int> rng_id) {
   const lowering::LoweringInfo* info = lowering::find_lowering(name, overload);
   if (!info) throw std::runtime_error("torch_pjrt: no lowering for aten::" + name + "." + overload);
   std::optional<Value> rng;
-  if (info->needs_rng) {
-    // Each random op draws its own key from the device generator per run,
-    // as the same op would in eager mode.
-    rng = b_.param(TensorType{DType::I64, {2}});
-    params_.push_back(ParamSource{ParamSource::Rng, -1});
-  }
+  if (info->needs_rng)  // (each its own key per run, as the same op in eager mode)
+    rng = values_.at(rng_id ? *rng_id : rng_key());
   lowering::LoweringContext ctx{b_, name, overload, std::move(args), {}, rng};
   ctx.checks_enabled = eager::checks_enabled();
   ctx.default_float = device::to_dtype(c10::get_default_dtype_as_scalartype());
@@ -131,6 +128,12 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
   }
   for (const auto& m : ctx.mutations) out.mutations.emplace_back(m.name, m.index, add(m.value));
   return out;
+}
+
+int GraphProgram::rng_key() {
+  Value key = b_.param(TensorType{DType::I64, {2}});
+  params_.push_back(ParamSource{ParamSource::Rng, -1});
+  return add(key);
 }
 
 int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype) {

@@ -66,8 +66,13 @@ class GraphProgram {
     std::vector<std::optional<int>> results;
     std::vector<std::tuple<std::string, int, int>> mutations;
   };
+  // A random op draws a new key parameter, unless `rng` (a value id: an s64[2]
+  // key, rng_key()) is given.
   CallResult call(const std::string& name, const std::string& overload, std::vector<lowering::Arg> args,
-                  const std::vector<std::optional<lowering::TensorType>>& outputs);
+                  const std::vector<std::optional<lowering::TensorType>>& outputs,
+                  std::optional<int> rng = std::nullopt);
+  // A new key parameter (s64[2]) drawn from the device generator per run.
+  int rng_key();
   // A view (any aliasing ATen op) of value `base`, from the metadata PyTorch
   // computed for both: the base's layout is rebuilt and the view read from it.
   int view(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view,

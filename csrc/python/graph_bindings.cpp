@@ -122,14 +122,16 @@ void bind_graph(py::module& m) {
            })
       .def("call",
            [](GraphProgram& g, const std::string& name, const std::string& overload, const py::list& args,
-              const py::list& outputs) {
+              const py::list& outputs, std::optional<int> rng) {
              std::vector<Arg> converted;
              for (auto a : args) converted.push_back(to_arg(g, a.cast<py::tuple>()));
              std::vector<std::optional<TensorType>> outs;
              for (auto o : outputs) outs.push_back(tensor_type(o));
-             auto r = g.call(name, overload, std::move(converted), outs);
+             auto r = g.call(name, overload, std::move(converted), outs, rng);
              return py::make_tuple(r.results, r.mutations);
-           })
+           },
+           py::arg("name"), py::arg("overload"), py::arg("args"), py::arg("outputs"), py::arg("rng") = py::none())
+      .def("rng_key", &GraphProgram::rng_key)
       .def("view",
            [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, at::ScalarType dtype) {
              return g.view(base, strided(base_view), strided(out_view), device::to_dtype(dtype));

@@ -89,6 +89,16 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     eager::fused_flush("synchronize");
     runtime::Runtime::get().synchronize(device);
   });
+  // Activation checkpointing's random state (torch_pjrt/_compile/rng_state.py):
+  // a key drawn from the device generator, and a key forced on this thread.
+  m.def("draw_rng_key", [](int device) {
+    auto k = device::next_rng_key(std::nullopt, device);
+    return std::make_pair(static_cast<int64_t>(k.first), static_cast<int64_t>(k.second));
+  });
+  m.def("force_rng_key", [](std::optional<std::pair<int64_t, int64_t>> key) {
+    if (!key) return device::force_rng_key(std::nullopt);
+    device::force_rng_key(std::make_pair(static_cast<uint64_t>(key->first), static_cast<uint64_t>(key->second)));
+  });
   m.def("default_generator", [](int device) {
     return py::reinterpret_steal<py::object>(THPGenerator_Wrap(device::default_generator(device)));
   });

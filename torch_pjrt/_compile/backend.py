@@ -92,3 +92,5 @@ def register():
     from torch._dynamo.backends.registry import _COMPILER_FNS
     if "tpu" not in _COMPILER_FNS:
         register_backend(tpu_backend, name="tpu")
+    from . import rng_state
+    rng_state.install()

@@ -109,8 +109,10 @@ def _strided(t):
     return (list(t.shape), list(t.stride()), t.storage_offset())
 
 
-# Control-flow higher-order ops lowered to regions: op name -> _Walker method.
-_CONTROL_FLOW = {"cond": "cond", "while_loop": "while_loop", "scan": "scan", "map_impl": "map_impl"}
+# Higher-order ops the walk lowers itself: op name -> _Walker method. Control
+# flow becomes regions; activation checkpointing's random state a key value.
+_LOWERED_HOPS = {"cond": "cond", "while_loop": "while_loop", "scan": "scan", "map_impl": "map_impl",
+                 "run_and_save_rng_state": "run_and_save_rng_state", "run_with_rng_state": "run_with_rng_state"}
 
 
 def _custom_op_impl(op):
@@ -171,6 +173,7 @@ class _Walker:
         self.replica_ids = []  # set by the graph's collectives (one group per graph)
         self.device = None     # the tpu index the graph runs on (collectives need it)
         self.loop_depth = 0    # inside while_loop / scan bodies (random ops are not lowered there)
+        self.forced_rng = None  # the key value random ops take (run_with_rng_state), else their own
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -318,7 +321,7 @@ class _Walker:
         single = isinstance(out_meta, torch.Tensor)
         metas = [out_meta] if single else list(out_meta)
         types = [_type(m) if isinstance(m, torch.Tensor) else None for m in metas]
-        ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types)
+        ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types, self.forced_rng)
         if mutations:
             raise Unsupported(f"aten::{name}", "its lowering writes an argument")
         vals = [None if i is None else _Val(i, m) for i, m in zip(ids, metas)]
@@ -344,7 +347,7 @@ class _Walker:
                 for alias in [name] + aliases.get(name, []):
                     elem_args.append((alias, kind, payload))
             m = out_meta[e]
-            ids, mutations = self.prog.call(elem, overload, elem_args, [_type(m)])
+            ids, mutations = self.prog.call(elem, overload, elem_args, [_type(m)], self.forced_rng)
             if mutations:
                 raise Unsupported(f"aten::{elem}", "its lowering writes an argument")
             results.append(_Val(ids[0], m))
@@ -406,7 +409,7 @@ class _Walker:
     def region_args(self, metas, loop):
         return [_Val(i, m) for i, m in zip(self.prog.open_region([_type(m) for m in metas], loop), metas)]
 
-    def cond(self, node, args):
+    def cond(self, node, args, kwargs):
         pred, then_gm, else_gm, operands = args[:4]
         operands = list(operands)
         if not isinstance(pred, _Val):  # a host bool: only that branch
@@ -425,7 +428,7 @@ class _Walker:
         ids = self.prog.if_op(pred.id, *regions)
         return tuple(_Val(i, m) for i, m in zip(ids, metas))
 
-    def while_loop(self, node, args):
+    def while_loop(self, node, args, kwargs):
         cond_gm, body_gm, carried, additional = args[:4]
         carried, additional = list(carried), list(additional)
         if not all(isinstance(c, _Val) for c in carried):
@@ -446,7 +449,7 @@ class _Walker:
         ids = self.prog.while_op([c.id for c in carried], cond, body)
         return tuple(_Val(i, m) for i, m in zip(ids, metas))
 
-    def scan(self, node, args, carry_count=None):
+    def scan(self, node, args, kwargs=None):
         """scan(combine, init, xs, additional) over dim 0 of xs: a while loop
         carrying a counter, the carry and the stacked outputs, the slices
         read and written at the counter."""
@@ -486,9 +489,28 @@ class _Walker:
         ids = self.prog.while_op(init_ids, cond, body)
         return tuple(_Val(i, m) for i, m in zip(ids[1:], metas[1:]))
 
-    def map_impl(self, node, args):
+    def map_impl(self, node, args, kwargs):
         f, xs, pos_args = args[:3]
         return self.scan(node, (f, [], xs, pos_args))
+
+    # ---- activation checkpointing's random state (rng_state.py): the op's key ----
+    def run_and_save_rng_state(self, node, args, kwargs):
+        op, *rest = args
+        key = self.prog.rng_key()
+        return (_Val(key, torch.empty(2, dtype=torch.int64, device=_META)), self.with_key(key, op, rest, kwargs))
+
+    def run_with_rng_state(self, node, args, kwargs):
+        state, op, *rest = args
+        if not isinstance(state, _Val) or _type(state.meta) != (torch.int64, [2]):
+            raise Unsupported("run_with_rng_state", "a random state that is not a tpu key")
+        return self.with_key(state.id, op, rest, kwargs)
+
+    def with_key(self, key, op, args, kwargs):
+        saved, self.forced_rng = self.forced_rng, key
+        try:
+            return self.call_op(op, list(args), kwargs)
+        finally:
+            self.forced_rng = saved
 
     def trace_and_walk(self, op, fn, args, kwargs, on_device=False, constants=True):
         """Traces fn (a decomposition) on the arguments' metadata and walks
@@ -594,8 +616,8 @@ class _Walker:
                     env[node] = a[0][a[1]]
                 elif target is torch.ops.higher_order.with_effects:
                     env[node] = self.with_effects(a, k)
-                elif getattr(target, "_name", None) in _CONTROL_FLOW:
-                    env[node] = getattr(self, _CONTROL_FLOW[target._name])(node, a)
+                elif getattr(target, "_name", None) in _LOWERED_HOPS:
+                    env[node] = getattr(self, _LOWERED_HOPS[target._name])(node, a, k)
                 elif isinstance(target, torch._ops.HigherOrderOperator):
                     env[node] = self.higher_order(target, a, k)
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
