@@ -172,3 +172,15 @@ def test_random_ops_in_a_scan_step_are_not_lowered_into_the_loop():
     # Sums of 4 independent masks scaled by 2: 0, 2, 4, 6, 8 in binomial shares;
     # repeated masks would give only 0 and 8.
     assert counts[[2, 4, 6]].sum() > 2000, counts
+
+
+@torch.compiler.nested_compile_region
+def _region(x, w):
+    return torch.relu(x @ w) + 1
+
+
+def test_a_nested_compile_region_is_part_of_the_program():
+    # invoke_subgraph (called twice, forward and backward) walked in place.
+    fn = lambda x, w: _region(_region(x, w), w).sum(0)  # noqa: E731
+    assert_one_program_each(run_both(fn, X.clone().requires_grad_(), W.clone().requires_grad_(), grad=True),
+                            graphs=2)

@@ -112,7 +112,8 @@ def _strided(t):
 # Higher-order ops the walk lowers itself: op name -> _Walker method. Control
 # flow becomes regions; activation checkpointing's random state a key value.
 _LOWERED_HOPS = {"cond": "cond", "while_loop": "while_loop", "scan": "scan", "map_impl": "map_impl",
-                 "run_and_save_rng_state": "run_and_save_rng_state", "run_with_rng_state": "run_with_rng_state"}
+                 "run_and_save_rng_state": "run_and_save_rng_state", "run_with_rng_state": "run_with_rng_state",
+                 "invoke_subgraph": "invoke_subgraph"}
 
 
 def _custom_op_impl(op):
@@ -492,6 +493,13 @@ class _Walker:
     def map_impl(self, node, args, kwargs):
         f, xs, pos_args = args[:3]
         return self.scan(node, (f, [], xs, pos_args))
+
+    def invoke_subgraph(self, node, args, kwargs):
+        """torch.compiler.nested_compile_region: its subgraph, walked in place."""
+        subgraph, _identifier, *operands = args
+        if not isinstance(subgraph, torch.fx.GraphModule):
+            raise Unsupported("invoke_subgraph", f"a subgraph of type {type(subgraph).__name__}")
+        return tuple(self.subgraph(subgraph, operands))
 
     # ---- activation checkpointing's random state (rng_state.py): the op's key ----
     def run_and_save_rng_state(self, node, args, kwargs):
