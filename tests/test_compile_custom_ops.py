@@ -122,3 +122,34 @@ def test_an_implementation_through_numpy_runs_op_by_op_not_frozen(n):
     torch.testing.assert_close(out.cpu(), fn(torch.full((n,), 0.3)))
     again = torch.compile(fn, backend="tpu")(torch.full((n,), -1.1, device="tpu"))
     torch.testing.assert_close(again.cpu(), fn(torch.full((n,), -1.1)))
+
+
+@torch.library.custom_op("pjrt_test::add_into", mutates_args=("acc",))
+def add_into(acc: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    acc.add_(x, alpha=alpha)
+    return x * 2
+
+
+@add_into.register_fake
+def _(acc, x, alpha):
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_that_writes_its_arguments_is_part_of_the_program():
+    # Functionalization wraps it (auto_functionalized_v2): the writes land in
+    # an intermediate, in a view of it, and in a graph input.
+    def fn(acc, x):
+        y = x + 1
+        twice = add_into(y, x, 0.5)  # writes y
+        add_into(y[1:], twice[1:], -1.0)  # writes a view of y
+        add_into(acc, y, 2.0)  # writes the input
+        return y * 3, twice
+
+    acc, x = torch.randn(4, 3), torch.randn(4, 3)
+    acc_dev = acc.to("tpu")
+    out, counts = _compiled(fn, acc_dev, x.to("tpu"))
+    ref = fn(acc, x)  # (writes acc too)
+    assert counts == (1, 0)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.cpu(), r, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(acc_dev.cpu(), acc, atol=1e-5, rtol=1e-5)

@@ -127,6 +127,21 @@ def _custom_op_impl(op):
     return fns.get("tpu") or fns.get("privateuseone") or fns.get(None)
 
 
+class _Inline(torch._ops.OpOverload):
+    """A custom op whose calls run its Python implementation (traced inline);
+    anything else (its schema) is the op's. (An OpOverload for the dense
+    implementation's isinstance checks; OpOverload's own state is not set.)"""
+
+    def __init__(self, op, impl):  # noqa: super().__init__ not called on purpose
+        self._op, self._impl = op, impl
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._impl(*args, **kwargs)
+
+
 def _view_of_copy(op):
     """The view op `op` (aten.X_copy, as functionalization writes views
     inside control-flow subgraphs) copies, or None."""
@@ -381,6 +396,14 @@ class _Walker:
         fn = op.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
         if fn is None:
             raise Unsupported(op, "a higher-order op without a dense implementation")
+        if getattr(op, "_name", "").startswith("auto_functionalized") and args:
+            # A custom op that writes its arguments, as functionalization wraps
+            # it: traced with its Python implementation in place of the op.
+            impl = _custom_op_impl(args[0]) if isinstance(args[0], torch._ops.OpOverload) else None
+            if impl is None:
+                raise Unsupported(args[0], "a custom op that writes its arguments, without a Python implementation")
+            return self.trace_and_walk(op, fn, (_Inline(args[0], impl), *args[1:]), kwargs, on_device=True,
+                                       constants=False)
         return self.trace_and_walk(op, fn, args, kwargs, on_device=True)
 
     # ---- control flow: torch.cond -> stablehlo.if, while_loop / scan / map -> stablehlo.while ----
