@@ -184,3 +184,21 @@ def test_a_nested_compile_region_is_part_of_the_program():
     fn = lambda x, w: _region(_region(x, w), w).sum(0)  # noqa: E731
     assert_one_program_each(run_both(fn, X.clone().requires_grad_(), W.clone().requires_grad_(), grad=True),
                             graphs=2)
+
+
+def test_a_cond_inside_a_scan_step_with_dynamic_shapes():
+    # The step's output shapes come from a walk of the step (symbolic sizes in
+    # PyTorch's trace; a cond has no meta kernel to run on its own).
+    def fn(init, xs):
+        def step(c, v):
+            return torch.cond(v.sum() > 0, lambda a, b: a + b, lambda a, b: a - b, (c, v)), c.clone()
+        return scan(step, init, xs)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tpu", dynamic=True)
+    before = _counts()
+    for n in (5, 7):
+        xs = torch.randn(n, 3, generator=torch.Generator().manual_seed(n))
+        for o, r in zip(compiled(torch.zeros(3, device=DEV), xs.to(DEV)), fn(torch.zeros(3), xs)):
+            torch.testing.assert_close(o.cpu(), r, atol=1e-6, rtol=1e-6)
+    compiled_graphs, partitioned, eager = (b - a for a, b in zip(before, _counts()))
+    assert partitioned == 0 and eager == 0 and compiled_graphs >= 1

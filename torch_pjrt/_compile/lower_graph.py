@@ -158,18 +158,6 @@ def _dense_meta(v):
     return torch.empty(m.shape, dtype=m.dtype, device=_META)
 
 
-def _subgraph_metas(gm, inputs):
-    """The flat output metas of subgraph `gm` run on meta tensors, or None."""
-    try:
-        out = torch.fx.Interpreter(gm).run(*inputs)
-    except Exception:  # noqa: BLE001 - an op without a meta kernel: not lowered then
-        return None
-    flat = tree_flatten(out)[0]
-    if not all(isinstance(t, torch.Tensor) for t in flat):
-        return None
-    return [torch.empty(t.shape, dtype=t.dtype, device=_META) for t in flat]
-
-
 def _is_dense(t):
     """Non-overlapping and dense: a permutation of a contiguous layout."""
     return _state.C.dense_permutation(list(t.shape), list(t.stride())) is not None
@@ -484,11 +472,7 @@ class _Walker:
         length = xs[0].meta.shape[0]
         carry_metas = [_dense_meta(c) for c in init]
         slice_metas = [torch.empty(x.meta.shape[1:], dtype=x.meta.dtype, device=_META) for x in xs]
-        step_metas = _subgraph_metas(combine, carry_metas + slice_metas + [
-            a.meta if isinstance(a, _Val) else a for a in additional])
-        if step_metas is None:
-            raise Unsupported(node.target, "the shapes of its per-step outputs could not be inferred")
-        y_metas = step_metas[len(init):]
+        y_metas = self.step_metas(node, combine, carry_metas + slice_metas, additional, len(init))[len(init):]
         stacked = [torch.empty((length, *m.shape), dtype=m.dtype, device=_META) for m in y_metas]
         counter = torch.empty((), dtype=torch.int64, device=_META)
         metas = [counter] + carry_metas + stacked
@@ -512,6 +496,23 @@ class _Walker:
             self.loop_depth -= 1
         ids = self.prog.while_op(init_ids, cond, body)
         return tuple(_Val(i, m) for i, m in zip(ids[1:], metas[1:]))
+
+    def step_metas(self, node, combine, metas, additional, n_carry):
+        """The metas of a scan step's results (carry, then one slice of each
+        output): from what PyTorch traced for the node when static, else from
+        a walk of the step in a region never emitted (a cond inside a step
+        has no meta kernel to run)."""
+        traced = tree_flatten(node.meta.get("val"))[0] if isinstance(node, torch.fx.Node) else []
+        if traced and all(isinstance(t, torch.Tensor) and all(isinstance(d, int) for d in t.shape) for t in traced):
+            return [torch.empty(t.shape[1 if k >= n_carry else 0:], dtype=t.dtype, device=_META)
+                    for k, t in enumerate(traced)]
+        self.loop_depth += 1
+        try:
+            outs = self.subgraph(combine, self.region_args(metas, False) + additional)
+            self.close([], True)
+        finally:
+            self.loop_depth -= 1
+        return [_dense_meta(v) for v in outs]
 
     def map_impl(self, node, args, kwargs):
         f, xs, pos_args = args[:3]
