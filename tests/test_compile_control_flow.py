@@ -202,3 +202,19 @@ def test_a_cond_inside_a_scan_step_with_dynamic_shapes():
             torch.testing.assert_close(o.cpu(), r, atol=1e-6, rtol=1e-6)
     compiled_graphs, partitioned, eager = (b - a for a, b in zip(before, _counts()))
     assert partitioned == 0 and eager == 0 and compiled_graphs >= 1
+
+
+def test_tensor_constants_inside_branches_and_steps_are_program_inputs():
+    # torch.tensor([...]) in a subgraph: lifted to an input of the program
+    # (a one-element constant would be inlined; these have several elements).
+    def branch(x):
+        return torch.cond(x.sum() > 0, lambda a: a + torch.tensor([0.25, 0.5], device=a.device), lambda a: a.cos(),
+                          (x,))
+
+    def step(init, xs):
+        def body(c, x):
+            return c.scatter_add(0, torch.tensor([1, 1, 0, 0, 2, 2], device=x.device), x), x.clone()
+        return scan(body, init, xs)
+
+    assert_one_program_each(run_both(branch, torch.tensor([1.0, 2.0])))
+    assert_one_program_each(run_both(step, torch.zeros(6), torch.randn(5, 6)))

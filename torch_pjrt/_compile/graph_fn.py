@@ -81,22 +81,40 @@ def _lift_tensor_constants(gm):
     around them. Returns the tensors, to be appended to every call's inputs."""
     attrs = [n for n in gm.graph.nodes if n.op == "get_attr"
              and isinstance(getattr(gm, n.target, None), torch.Tensor)]
-    if not attrs:
+    # Constants of control-flow subgraphs (a cond branch, a scan step) stay
+    # get_attr nodes there; their tensors become inputs too, which the walk
+    # finds by identity (_Walker.attribute) and regions read from outside.
+    inner = []
+    for sub in gm.modules():
+        if sub is not gm and isinstance(sub, torch.fx.GraphModule):
+            for n in sub.graph.nodes:
+                t = getattr(sub, n.target, None) if n.op == "get_attr" else None
+                if isinstance(t, torch.Tensor) and not any(t is c for c in inner):
+                    inner.append(t)
+    if not attrs and not inner:
         return []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = []
     anchor = placeholders[-1] if placeholders else None
-    for n in attrs:
+
+    def placeholder(name):
         # New placeholders go after the graph's own (before everything when it has none).
+        nonlocal anchor
         where = gm.graph.inserting_after(anchor) if anchor is not None else \
             gm.graph.inserting_before(next(iter(gm.graph.nodes)))
         with where:
-            p = gm.graph.placeholder(f"{n.name}_lifted")
-        anchor = p
+            anchor = gm.graph.placeholder(name)
+        return anchor
+
+    for n in attrs:
+        p = placeholder(f"{n.name}_lifted")
         p.meta.update(n.meta)
         n.replace_all_uses_with(p)
         gm.graph.erase_node(n)
         constants.append(getattr(gm, n.target))
+    for k, t in enumerate(inner):
+        placeholder(f"_subgraph_constant{k}_lifted")
+        constants.append(t)
     gm.recompile()
     return constants
 

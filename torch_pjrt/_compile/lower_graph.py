@@ -178,6 +178,7 @@ class _Walker:
         self.device = None     # the tpu index the graph runs on (collectives need it)
         self.loop_depth = 0    # inside while_loop / scan bodies (random ops are not lowered there)
         self.forced_rng = None  # the key value random ops take (run_with_rng_state), else their own
+        self.inputs_by_id = {}  # id(tensor) -> its input value (subgraph constants lifted to inputs)
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -586,6 +587,8 @@ class _Walker:
         one-element tensor constant a traced decomposition made."""
         if isinstance(obj, torch.fx.GraphModule):
             return obj
+        if isinstance(obj, torch.Tensor) and id(obj) in self.inputs_by_id:
+            return self.inputs_by_id[id(obj)]  # a subgraph's constant, lifted to a graph input
         if isinstance(obj, torch.Tensor) and obj.numel() == 1 and not obj.is_complex() and obj.device.type != "meta":
             vid = self.prog.convert(self.prog.constant(obj.item(), obj.dtype), obj.dtype, list(obj.shape))
             return _Val(vid, torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=_META))
@@ -740,6 +743,7 @@ def lower_graph(gm, args, host_part=None):
                 vid = w.prog.input_view(k, a)  # read in the program: no copy first
             meta = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=_META)
             inputs.append(_Val(vid, meta, k))
+            w.inputs_by_id[id(a)] = inputs[-1]
             k += 1
         else:
             inputs.append(a)
