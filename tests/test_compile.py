@@ -23,7 +23,7 @@ def fresh_dynamo():
 def counters():
     m = torch_pjrt.metrics()
     return {k: m[k] for k in ("dynamo_graphs", "dynamo_recompiles", "compiled_graphs", "graph_recompiles",
-                              "compiled_graph_runs", "eager_graph_fallbacks")}
+                              "compiled_graph_runs", "eager_graph_fallbacks", "partitioned_graphs")}
 
 
 def delta(before):
@@ -613,6 +613,20 @@ def test_dynamic_true_compiles_per_concrete_size():
         assert_same(g(tpu(x)), (x * x).sum(0))
     d = delta(before)
     assert d["dynamo_graphs"] == 1 and d["compiled_graphs"] == 3
+
+
+def test_a_python_float_from_a_dynamic_size_stays_in_the_program():
+    # AOTAutograd turns `2.0 / n` (n a symbolic size) into a tensor op after
+    # its own decomposition: aten.true_divide, composite, which the walk
+    # decomposes instead of cutting the graph (GPT-2, GPT-J, ALBERT, UNet's
+    # attention scale under dynamic=True).
+    g = torch.compile(lambda x: x * (2.0 / x.shape[-1]), backend="tpu", dynamic=True)
+    before = counters()
+    for n in (10, 7):
+        x = make((4, n), seed=n)
+        assert_same(g(tpu(x)), x * (2.0 / n))
+    d = delta(before)
+    assert d["partitioned_graphs"] == 0 and d["eager_graph_fallbacks"] == 0 and d["compiled_graphs"] >= 1
 
 
 @pytest.mark.parametrize("kwargs", [{"foreach": False}, {"foreach": True, "capturable": True}, {"fused": True}],

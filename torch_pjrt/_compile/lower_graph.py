@@ -98,6 +98,17 @@ def registry_lowering(schema):
     return None
 
 
+def decomposition(op):
+    """PyTorch's decomposition of `op`, or None. A composite op can reach a
+    graph after AOTAutograd's own decomposition (its pass turning Python
+    floats into tensors writes true_divide): its composite kernel then."""
+    from torch._decomp import decomposition_table
+    fn = decomposition_table.get(op)
+    if fn is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        fn = op.decompose
+    return fn
+
+
 def _attr(module, target):
     """A get_attr node's object (None where there is none)."""
     for name in target.split("."):
@@ -373,8 +384,7 @@ class _Walker:
         return (token,)
 
     def decompose(self, op, args, kwargs):
-        from torch._decomp import decomposition_table
-        fn = decomposition_table.get(op)
+        fn = decomposition(op)
         if fn is None:
             raise Unsupported(op, "no lowering and no PyTorch decomposition")
         return self.trace_and_walk(op, fn, args, kwargs)

@@ -9,7 +9,7 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .lower_graph import is_view, mutates, registry_lowering
+from .lower_graph import decomposition, is_view, mutates, registry_lowering
 
 
 def _lowerable(op):
@@ -20,8 +20,7 @@ def _lowerable(op):
         return True
     if mutates(schema):
         return False
-    from torch._decomp import decomposition_table
-    return registry_lowering(schema) is not None or op in decomposition_table
+    return registry_lowering(schema) is not None or decomposition(op) is not None
 
 
 class _Support(OperatorSupportBase):
