@@ -518,6 +518,46 @@ def test_a_step_that_seeds_its_own_generator_replays_the_same_keys():
     torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-checkpoint", "compiled-checkpoint"])
+def test_a_checkpointed_dropout_replays_the_forwards_mask_in_its_recomputation(compiled):
+    # Activation checkpointing recomputes the dropout in the backward with the
+    # forward's key (eager: the generator rewound; compiled: the saved key):
+    # a replay draws that key once and uses it twice, as eager does. (It drew
+    # two keys, so the backward saw another mask: other losses from the step
+    # after the first replay on.) Compiled, the saved key stays on the device
+    # (a CPU copy made every call a host upload, never replayed).
+    from torch.utils.checkpoint import checkpoint
+
+    def run(capture):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _model(dropout=0.3).to("tpu")
+        fwd = lambda x: checkpoint(model, x, use_reentrant=False)  # noqa: E731
+        if compiled:
+            fwd = torch.compile(fwd, backend="tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(fwd(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        if capture:
+            step = torch_pjrt.capture_step(step)
+        out = []
+        for i, (x, y) in enumerate(_batches(7)):
+            torch.manual_seed(100 + i)
+            out.append(step(x.to("tpu"), y.to("tpu")).item())
+        return out
+
+    eager = run(False)
+    before = torch_pjrt.metrics()["capture_replays"]
+    replayed = run(True)
+    assert torch_pjrt.metrics()["capture_replays"] - before >= 3
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=RTOL, atol=ATOL)
+
+
 def test_a_step_with_compiled_pieces_replays_them_in_its_program():
     ref, step_r, dev, _ = _pair()
     opt = torch.optim.AdamW(dev.parameters(), lr=1e-2, capturable=True)

@@ -132,3 +132,33 @@ def test_hf_bert_with_gradient_checkpointing_trains_compiled_as_eager():
                                                     if p.grad is not None])))
     assert results[1][0] == pytest.approx(results[0][0], abs=1e-6)
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)
+
+
+# Random ops of other kinds in a checkpointed region: lowered (rand, randint,
+# randn_like), drawn eagerly with a device= argument only (randperm: it
+# crashed, PyTorch's dispatch of the random state looking for tensors), or
+# on the CPU (poisson, randperm: the CPU fallback seeds its generator from
+# the forced key, else the recomputation drew other numbers). Each backward
+# must use the forward's draw: the gradient is known from the output.
+REGIONS = {
+    "rand": (lambda x: x * torch.rand(x.shape, device=x.device), lambda x, out: out / x),
+    "randint": (lambda x: x * torch.randint(1, 5, x.shape, device=x.device), lambda x, out: out / x),
+    "randn_like": (lambda x: x * torch.randn_like(x), lambda x, out: out / x),
+    "poisson (CPU)": (lambda x: x * torch.poisson(torch.full_like(x, 2.0)), lambda x, out: out / x),
+    "randperm (CPU)": (lambda x: x * torch.randperm(x.numel(), device=x.device).reshape(x.shape).float(),
+                       lambda x, out: out / x),
+}
+
+
+@pytest.mark.parametrize("backend", ["tpu", "aot_eager"])
+@pytest.mark.parametrize("name", list(REGIONS))
+def test_random_ops_recomputed_in_the_backward_draw_the_forwards_numbers(name, backend):
+    region, expected_grad = REGIONS[name]
+    torch._dynamo.reset()
+    x = (torch.rand(6, 4, generator=torch.Generator().manual_seed(0)) + 0.5).to(DEV).requires_grad_()
+    fn = torch.compile(lambda t: checkpoint(region, t, use_reentrant=False), backend=backend)
+    torch.manual_seed(5)
+    out = fn(x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), expected_grad(x.detach(), out.detach()).cpu(), atol=1e-5, rtol=1e-5)
+    assert len(torch.unique(out.detach().cpu())) > 3  # really random

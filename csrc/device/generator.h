@@ -16,4 +16,5 @@ std::pair<uint64_t, uint64_t> next_rng_key(const std::optional<at::Generator>& g
 // a random op run again under activation checkpointing's saved state
 // (run_with_rng_state) draws what it drew the first time.
 void force_rng_key(std::optional<std::pair<uint64_t, uint64_t>> key);
+const std::optional<std::pair<uint64_t, uint64_t>>& forced_rng_key();
 }  // namespace torch_pjrt::device

@@ -99,6 +99,7 @@ thread_local std::optional<std::pair<uint64_t, uint64_t>> forced_key;
 }
 
 void force_rng_key(std::optional<std::pair<uint64_t, uint64_t>> key) { forced_key = key; }
+const std::optional<std::pair<uint64_t, uint64_t>>& forced_rng_key() { return forced_key; }
 
 std::pair<uint64_t, uint64_t> next_rng_key(const std::optional<at::Generator>& gen, int device) {
   if (forced_key) return *forced_key;

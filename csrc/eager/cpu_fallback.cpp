@@ -80,6 +80,12 @@ class TpuGeneratorsOnCpu {
         // (As lowered random ops and CUDA's kernels: a CPU generator is refused.)
         TORCH_CHECK(tpu.device().type() == c10::DeviceType::PrivateUse1,
                     "torch_pjrt: expected a tpu generator, got one for ", tpu.device());
+      } else if (const auto& key = device::forced_rng_key()) {
+        // Under a forced key (checkpointing's recomputation, rng_state.py):
+        // a generator seeded from it, so both runs draw the same; the
+        // device's generator does not move (as for a lowered op).
+        v = at::detail::createCPUGenerator(key->first ^ key->second);
+        continue;
       } else {
         tpu = device::default_generator(*dev);
       }

@@ -62,6 +62,10 @@ struct Flushed {
   std::vector<double> fpack;
   std::vector<int64_t> ipack;
   std::vector<int32_t> rng_at;  // (after the comparison: only keys a replay draws anew)
+  // Keys a replay copies from an earlier one, (to, from): the same key used
+  // twice in a recording (activation checkpointing rewinds the generator to
+  // recompute a dropout with the forward's key).
+  std::vector<std::pair<int32_t, int32_t>> rng_copies;
   std::vector<WeakStorage> output_storage;
   std::vector<DType> output_dtypes;
   // Per op, for messages: its name and where its scalars and offsets start.
@@ -537,9 +541,22 @@ std::string capture_problem(const Recording& a, Recording& b) {
   // A random key equal in both recordings comes from a generator the step
   // seeds itself (torch.manual_seed inside it): a replay keeps it, as eager
   // would draw it again. The others advance with the default generator.
+  // A key used again in both recordings (the same key at two places) is
+  // used again in a replay, not drawn twice.
+  auto same = [](const Flushed& f, int32_t x, int32_t y) {
+    return f.ipack[x] == f.ipack[y] && f.ipack[x + 1] == f.ipack[y + 1];
+  };
   std::vector<int32_t> drawn;
-  for (int32_t at : b.f.rng_at)
-    if (a.f.ipack[at] != b.f.ipack[at] || a.f.ipack[at + 1] != b.f.ipack[at + 1]) drawn.push_back(at);
+  b.f.rng_copies.clear();
+  for (int32_t at : b.f.rng_at) {
+    if (a.f.ipack[at] == b.f.ipack[at] && a.f.ipack[at + 1] == b.f.ipack[at + 1]) continue;
+    auto earlier = std::find_if(drawn.begin(), drawn.end(),
+                                [&](int32_t d) { return same(a.f, d, at) && same(b.f, d, at); });
+    if (earlier != drawn.end())
+      b.f.rng_copies.emplace_back(at, *earlier);
+    else
+      drawn.push_back(at);
+  }
   b.f.rng_at = std::move(drawn);
   for (size_t k = 0; k < a.f.ipack.size(); ++k)
     if (!is_rng[k] && a.f.ipack[k] != b.f.ipack[k])
@@ -631,6 +648,10 @@ std::optional<std::vector<at::Tensor>> replay(const Recording& r, const std::vec
     auto key = device::next_rng_key(std::nullopt, device);
     t.ipack[at] = static_cast<int64_t>(key.first);
     t.ipack[at + 1] = static_cast<int64_t>(key.second);
+  }
+  for (const auto& [to, from] : f.rng_copies) {
+    t.ipack[to] = t.ipack[from];
+    t.ipack[to + 1] = t.ipack[from + 1];
   }
   // Inputs the program overwrites leave their storages for the call, so the
   // program may reuse their memory (donation); put back if the run fails.

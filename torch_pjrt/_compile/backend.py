@@ -29,6 +29,11 @@ def decompositions():
         if isinstance(op, torch._ops.OpOverload) and registry_lowering(op._schema) is None \
                 and not is_view(op._schema):
             table[op] = fn
+    # Random factories and *_like ops: written with the random ops the
+    # registry lowers (PyTorch has no decomposition of them).
+    from .random_decomps import TABLE
+    for op, fn in TABLE.items():
+        table.setdefault(op, fn)
     # An op that writes an argument that is not an out= one keeps PyTorch's
     # decomposition even where it is lowered: a composite reaching it below
     # AOTAutograd's functionalization (native_batch_norm(out=) on tpu makes

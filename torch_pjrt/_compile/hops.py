@@ -154,6 +154,7 @@ class HigherOrderOps:
     def run_and_save_rng_state(self, node, args, kwargs):
         op, *rest = args
         key = self.prog.rng_key()
+        self.rng_states.add(key)  # (a tpu tensor: PyTorch's trace says a CPU generator state)
         return (_Val(key, torch.empty(2, dtype=torch.int64, device=_META)), self.with_key(key, op, rest, kwargs))
 
     def run_with_rng_state(self, node, args, kwargs):

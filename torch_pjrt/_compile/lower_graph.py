@@ -86,7 +86,9 @@ def decomposition(op):
     graph after AOTAutograd's own decomposition (its pass turning Python
     floats into tensors writes true_divide): its composite kernel then."""
     from torch._decomp import decomposition_table
-    fn = decomposition_table.get(op)
+
+    from .random_decomps import TABLE
+    fn = TABLE.get(op) or decomposition_table.get(op)
     if fn is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         fn = op.decompose
     return fn
@@ -154,6 +156,7 @@ class _Walker(HigherOrderOps):
         self.loop_depth = 0    # inside while_loop / scan bodies (random ops are not lowered there)
         self.forced_rng = None  # the key value random ops take (run_with_rng_state), else their own
         self.inputs_by_id = {}  # id(tensor) -> its input value (subgraph constants lifted to inputs)
+        self.rng_states = set()  # value ids of checkpointing's saved random states (kept on the device)
 
     # ---- argument packing (schema order, as the registry expects) ----
     def pack(self, schema, args, kwargs):
@@ -651,7 +654,7 @@ def lower_graph(gm, args, host_part=None):
             template.append(("c", r))
             continue
         fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-        on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
+        on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu" and r.id not in w.rng_states
         entry = None if r.root is None or on_cpu else input_view(r) or output_view(r)
         template.append(entry or ("t", add_output(r, layout_of(r, n), on_cpu)))
     mutations = []

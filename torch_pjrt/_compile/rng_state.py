@@ -17,14 +17,20 @@ from .. import _state
 
 
 def _tpu_index(args, kwargs):
+    # A tpu tensor argument, or a factory's device= (torch.randperm(n, device="tpu")).
     for t in torch.utils._pytree.tree_flatten((args, kwargs))[0]:
         if isinstance(t, torch.Tensor) and t.device.type == "tpu":
             return t.device.index or 0
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "tpu":
+        return torch.device(device).index or 0
     return None
 
 
 @contextlib.contextmanager
 def _forced(key):
+    # (Ops that run through the CPU fallback, randperm, poisson, rrelu's
+    # noise, draw from a CPU generator seeded from the forced key then.)
     _state.C.force_rng_key(key)
     try:
         yield
