@@ -389,7 +389,10 @@ class _Walker(HigherOrderOps):
             for i, m in zip(where, metas):
                 f[i] = m
             a, k = tree_unflatten(f, spec)
-            return fn(*a, **k)
+            out = fn(*a, **k)
+            if out is NotImplemented:  # (a decomposition that declines these arguments)
+                raise NotImplementedError("the decomposition does not apply to these arguments")
+            return out
 
         metas = [flat[i].meta for i in where]
         try:
