@@ -215,16 +215,22 @@ std::string GraphProgram::finish(const std::vector<int>& outputs, const std::vec
 }
 
 Value GraphProgram::fold_checks(const Value& word, size_t from) {
-  TensorType t{DType::I32, {}};
-  Value zero = b_.splat(lowering::Scalar::from_int(0), t);
-  Value failed = zero;
-  // The first failing check wins: fold from the last one back.
-  for (size_t i = checks_.size(); i-- > from;) {
+  // Front to back through the shared fold (an earlier failure is kept), a
+  // control-flow op's computed code taking the place of a fixed one.
+  Value folded = word;
+  std::vector<std::pair<Value, int>> run;
+  for (size_t i = from; i < checks_.size(); ++i) {
     const Check& c = checks_[i];
-    failed = c.failed ? b_.select(b_.compare(lowering::Cmp::NE, *c.failed, zero), *c.failed, failed)
-                      : b_.select(c.ok, failed, b_.splat(lowering::Scalar::from_int(c.code), t));
+    if (!c.failed) {
+      run.emplace_back(c.ok, c.code);
+      continue;
+    }
+    if (!run.empty()) folded = lowering::fold_checks(b_, folded, run);
+    run.clear();
+    Value zero = b_.splat(lowering::Scalar::from_int(0), TensorType{DType::I32, {}});
+    folded = b_.select(b_.compare(lowering::Cmp::NE, folded, zero), folded, *c.failed);
   }
-  return b_.select(b_.compare(lowering::Cmp::NE, word, zero), word, failed);
+  return run.empty() ? folded : lowering::fold_checks(b_, folded, run);
 }
 
 std::vector<int> GraphProgram::open_region(const std::vector<TensorType>& types, bool loop) {
@@ -240,12 +246,6 @@ std::vector<int> GraphProgram::open_region(const std::vector<TensorType>& types,
   std::vector<int> ids;
   for (const Value& v : args) ids.push_back(add(v));
   return ids;
-}
-
-bool GraphProgram::in_loop() const {
-  for (const OpenRegion& r : open_)
-    if (r.loop) return true;
-  return false;
 }
 
 int GraphProgram::close_region(const std::vector<int>& results, bool yields_code) {

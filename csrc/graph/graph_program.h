@@ -92,7 +92,6 @@ class GraphProgram {
   int close_region(const std::vector<int>& results, bool yields_code);
   std::vector<int> if_op(int pred, int then_region, int else_region);
   std::vector<int> while_op(const std::vector<int>& init, int cond_region, int body_region);
-  bool in_loop() const;
   const lowering::Value& value(int id) const { return values_.at(id); }
   lowering::Builder& builder() { return b_; }
   int add(const lowering::Value& v);

@@ -86,7 +86,7 @@ class HigherOrderOps:
         ids = self.prog.while_op([c.id for c in carried], cond, body)
         return tuple(_Val(i, m) for i, m in zip(ids, metas))
 
-    def scan(self, node, args, kwargs=None):
+    def scan(self, node, args, kwargs):
         """scan(combine, init, xs, additional) over dim 0 of xs: a while loop
         carrying a counter, the carry and the stacked outputs, the slices
         read and written at the counter."""
@@ -141,7 +141,7 @@ class HigherOrderOps:
 
     def map_impl(self, node, args, kwargs):
         f, xs, pos_args = args[:3]
-        return self.scan(node, (f, [], xs, pos_args))
+        return self.scan(node, (f, [], xs, pos_args), kwargs)
 
     def invoke_subgraph(self, node, args, kwargs):
         """torch.compiler.nested_compile_region: its subgraph, walked in place."""
