@@ -680,6 +680,84 @@ def test_a_trace_read_at_its_end_is_split_and_checks_keep_their_read():
         assert "pipeline" not in reasons(m2, torch_pjrt.metrics())
 
 
+def _long_end_read_step(base, idx, at, mid=0):
+    """43 ops whose last one computes the value read (split by default at 0.5
+    and 0.85 of them: parts of 21, 15 and 7 ops); `idx` indexes after
+    2*at+1 ops. `mid`: tanh ops inserted after op 27 (a trace that leaves the
+    planned chain in its second part)."""
+    x = base.clone()
+    for i in range(20):
+        if i == at:
+            x = x.index_select(0, idx)
+        if i == 13:
+            for _ in range(mid):
+                x = torch.tanh(x)
+        x = x * 1.01 + 0.1
+    return x.sum().item()
+
+
+def test_a_long_trace_read_at_its_end_is_split_into_three_parts_a_bad_index_in_any_raises_at_the_read():
+    torch.manual_seed(4)
+    base_c = torch.randn(8)
+    good = torch.arange(8).flip(0)
+    base, idx = tpu(base_c), tpu(good)
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(3):  # learns the cut (2nd sighting), then compiles the parts
+            _long_end_read_step(base, idx, 3)
+        m0 = metrics()
+        for _ in range(3):
+            assert _long_end_read_step(base, idx, 3) == pytest.approx(_long_end_read_step(base_c, good, 3), rel=1e-5)
+        m1 = metrics()
+        # Each step runs as 3 parts: 2 flushed at the cuts, the last at the read.
+        assert reasons(m0, m1) == {"pipeline": 6, "host_read": 3}, reasons(m0, m1)
+        bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
+        for at in (3, 12, 19):
+            for _ in range(2):  # a trace seen before, cut as planned
+                _long_end_read_step(base, idx, at)
+            with pytest.raises(IndexError, match="index_select"):
+                _long_end_read_step(base, bad, at)
+            assert _long_end_read_step(base, idx, at) == pytest.approx(
+                _long_end_read_step(base_c, good, at), rel=1e-5)
+
+
+def test_a_trace_that_leaves_the_planned_chain_is_not_cut_there_and_stays_right():
+    # Same first 27 ops, then 3 tanh: the first cut (at 21) is made, the
+    # planned second one (15 ops later) is not, as that part's hash there
+    # (taken at its first sighting) differs; values are CPU's.
+    torch.manual_seed(5)
+    base_c = torch.randn(8)
+    good = torch.arange(8).flip(0)
+    base, idx = tpu(base_c), tpu(good)
+    with torch_pjrt.fused(pipeline=True):
+        for _ in range(4):
+            _long_end_read_step(base, idx, 3)
+        _long_end_read_step(base, idx, 3, mid=3)
+        m0 = metrics()
+        for _ in range(2):
+            got = _long_end_read_step(base, idx, 3, mid=3)
+            assert got == pytest.approx(_long_end_read_step(base_c, good, 3, mid=3), rel=1e-5)
+        assert reasons(m0, metrics()) == {"pipeline": 2, "host_read": 2}, reasons(m0, metrics())
+        assert _long_end_read_step(base, idx, 3) == pytest.approx(_long_end_read_step(base_c, good, 3), rel=1e-5)
+
+
+def test_fused_splits_setting_is_checked():
+    code = ("import torch, torch_pjrt\n"
+            "x = torch.ones(8, device='tpu')\n"
+            "with torch_pjrt.fused(pipeline=True):\n"
+            "    for _ in range(4):\n"
+            "        y = x\n"
+            "        for _ in range(20):\n"
+            "            y = y * 1.01 + 0.1\n"
+            "        y.sum().item()\n")
+    env = dict(os.environ, TORCH_PJRT_FUSED_SPLITS="0.9,0.5")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "TORCH_PJRT_FUSED_SPLITS=0.9,0.5" in r.stderr, r.stderr[-2000:]
+    env["TORCH_PJRT_FUSED_SPLITS"] = "0.5"
+    r = subprocess.run([sys.executable, "-c", code + "print(torch_pjrt.metrics()['fused_flushes_by_reason'])\n"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "'pipeline'" in r.stdout, r.stderr[-2000:]
+
+
 def _short_step(base, state, before):
     """Reads v after `before` pairs of ops (plus a clone and a sum); 6 ops after it write `state`."""
     x = base.clone()

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <set>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -113,24 +114,77 @@ bool pipeline_on() {
 constexpr size_t kMinCutOps = 4;
 
 // A trace read at its end is split when it has at least kMinSplitOps ops,
-// after 85% of the ops before the value read. The tiny Llama's decode step
-// (108 ops, tests/ and benchmarks/), per token against PyTorch CPU, two runs
-// each, once host reads poll instead of sleeping: 0.96-0.98x at 0.85,
-// 0.89-0.98x at 0.8, 0.89-0.91x at 0.75, 0.87-0.90x at 0.65, 0.93-0.94x at
-// 0.9, 0.82-0.88x at 0.95 (earlier the first part still ran at the read
-// below 0.75; at 0.85 the second part is now small enough that its launch and
-// run cost less than waiting for more of the first).
+// into parts that end at these fractions of the ops before the value read
+// (TORCH_PJRT_FUSED_SPLITS, comma-separated, increasing, in (0, 1)): each
+// part runs while the next is recorded, so the read waits only for the last.
+// One cut leaves the read waiting for most of the work before it: the tiny
+// Llama's decode step (108 ops, tests/ and benchmarks/) cut at 0.85 had its
+// first part (92 ops) still running on the plugin's threads when the last 16
+// were recorded (its run took 80-120 us from launch against 15-30 us for the
+// last part; the host records an op in about 3.5 us). Per token, fused
+// against PyTorch CPU, two runs each (2026-12-06): 0.85 alone 0.91-0.95x;
+// 0.5,0.85 1.00x; 0.5,0.9 0.99-1.00x; 0.6,0.9 0.90-0.92x; 0.4,0.75,0.9
+// 0.89-0.91x; 0.5,0.8,0.95 0.90-0.95x (each flush costs the host 5-10 us,
+// and with a late middle cut that part is still running at the read).
+// Earlier, with one cut, 0.85 was the best of 0.65-0.95.
 constexpr size_t kMinSplitOps = 16;
-constexpr double kSplitAt = 0.85;
+const std::vector<double>& split_fractions() {
+  static const std::vector<double> f = [] {
+    const char* v = std::getenv("TORCH_PJRT_FUSED_SPLITS");
+    if (!v || !*v) return std::vector<double>{0.5, 0.85};
+    std::vector<double> out;
+    std::string s(v);
+    for (size_t at = 0; at <= s.size();) {
+      size_t end = std::min(s.find(',', at), s.size());
+      std::string item = s.substr(at, end - at);
+      char* stop = nullptr;
+      double x = std::strtod(item.c_str(), &stop);
+      TORCH_CHECK(!item.empty() && stop && *stop == '\0' && x > 0 && x < 1 && (out.empty() || x > out.back()),
+                  "torch_pjrt: TORCH_PJRT_FUSED_SPLITS=", v,
+                  " is not a comma-separated increasing list of fractions in (0, 1)");
+      out.push_back(x);
+      at = end + 1;
+    }
+    return out;
+  }();
+  return f;
+}
 
-// Learned cuts: by position, the trace's hashes there.
-std::vector<std::vector<uint64_t>> g_cuts;
+// Learned cuts: by position, the trace's hashes there, each with the cuts
+// planned in the parts after it.
+struct Cut {
+  uint64_t hash;
+  std::shared_ptr<std::vector<PlannedCut>> then;
+};
+std::vector<std::vector<Cut>> g_cuts;
 
-bool cut_here(const Trace& t) {
+// Whether the trace is cut after its last op; `planned`, `next`: the planned
+// cuts of the part after it.
+bool cut_here(Trace& t, std::shared_ptr<std::vector<PlannedCut>>& planned, size_t& next) {
+  if (capturing() || !pipeline_on()) return false;
   size_t k = t.ops.size();
-  if (k >= g_cuts.size() || t.after_cut || capturing() || !pipeline_on()) return false;
-  const auto& hashes = g_cuts[k];
-  return std::find(hashes.begin(), hashes.end(), t.hash) != hashes.end();
+  if (t.after_cut) {
+    if (!t.planned || t.planned_at >= t.planned->size()) return false;
+    PlannedCut& c = (*t.planned)[t.planned_at];
+    if (k != c.ops) return false;
+    if (!c.known) {
+      c.hash = t.hash;
+      c.known = true;
+    } else if (c.hash != t.hash) {
+      return false;  // another part than the one planned for
+    }
+    planned = t.planned;
+    next = t.planned_at + 1;
+    return true;
+  }
+  if (k >= g_cuts.size()) return false;
+  for (const Cut& c : g_cuts[k])
+    if (c.hash == t.hash) {
+      planned = c.then;
+      next = 0;
+      return true;
+    }
+  return false;
 }
 
 // Learns a cut from a trace seen before that was flushed because its value
@@ -142,17 +196,28 @@ bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
                              [](int32_t v, const TraceOp& op) { return v < op.first_value; });
   size_t k = static_cast<size_t>(it - t.ops.begin());  // the cut: after that op
   if (k < kMinCutOps) return false;
+  std::vector<size_t> at;
   if (t.ops.size() < k + kMinCutOps) {
     // The value is computed at the trace's end (a generated token, a norm of
     // everything recorded): no part can run after the read, but the first
     // part can run while the rest is recorded, so the read waits only for the
     // last part.
     if (k < kMinSplitOps) return false;
-    k = static_cast<size_t>(static_cast<double>(k) * kSplitAt);
-    if (k < kMinCutOps || t.ops.size() < k + kMinCutOps) return false;
+    size_t last = 0;
+    for (double f : split_fractions()) {
+      auto c = static_cast<size_t>(static_cast<double>(k) * f);
+      if (c < last + kMinCutOps || t.ops.size() < c + kMinCutOps) continue;
+      at.push_back(c);
+      last = c;
+    }
+    if (at.empty()) return false;
+  } else {
+    at.push_back(k);
   }
-  if (g_cuts.size() <= k) g_cuts.resize(k + 1);
-  g_cuts[k].push_back(t.op_hash[k]);
+  auto then = std::make_shared<std::vector<PlannedCut>>();
+  for (size_t i = 1; i < at.size(); ++i) then->push_back(PlannedCut{at[i] - at[i - 1]});
+  if (g_cuts.size() <= at[0]) g_cuts.resize(at[0] + 1);
+  g_cuts[at[0]].push_back(Cut{t.op_hash[at[0]], std::move(then)});
   e.cut_learned = true;
   g_stats.pipeline_cuts_learned++;
   return true;
@@ -160,9 +225,13 @@ bool learn_cut(const Trace& t, Entry& e, int32_t wanted) {
 
 // After each recorded op: the trace is flushed at a learned cut.
 void after_op() {
-  if (cut_here(g_trace)) {
+  std::shared_ptr<std::vector<PlannedCut>> planned;
+  size_t next = 0;
+  if (cut_here(g_trace, planned, next)) {
     fused_flush("pipeline");
     g_trace.after_cut = true;
+    g_trace.planned = std::move(planned);
+    g_trace.planned_at = next;
   }
 }
 

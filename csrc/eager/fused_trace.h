@@ -19,6 +19,15 @@
 
 namespace torch_pjrt::eager::fused_detail {
 
+// A cut planned in the part of a trace after an earlier cut: after `ops` ops
+// of that part, whose hash there (`hash`) is taken at its first sighting and
+// checked at the next ones.
+struct PlannedCut {
+  size_t ops = 0;
+  uint64_t hash = 0;
+  bool known = false;
+};
+
 struct TraceOp {
   std::shared_ptr<Plan> plan;
   int32_t first_code;   // into Trace::codes (one per Storage parameter)
@@ -60,6 +69,10 @@ struct Trace {
   // never learned from).
   std::vector<uint64_t> op_hash;
   bool after_cut = false;
+  // A part after a learned cut that is itself to be cut: the planned cuts
+  // of the rest of its chain (fused.cpp, learn_cut), from `planned_at` on.
+  std::shared_ptr<std::vector<PlannedCut>> planned;
+  size_t planned_at = 0;
   void mix(int64_t v) {
     structure.push_back(v);
     hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
@@ -96,6 +109,8 @@ struct Trace {
     hash = kHashSeed;
     op_hash.clear();
     after_cut = false;
+    planned.reset();
+    planned_at = 0;
     external_storage.clear();
     written_storage.clear();
     external_serial.clear();
