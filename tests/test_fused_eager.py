@@ -2,6 +2,7 @@
 run as one program; results equal CPU (and strict eager), flushes happen where
 values are needed, a repeating trace compiles once, float scalars stay runtime
 inputs, errors name the op."""
+import contextlib
 import gc
 import os
 import subprocess
@@ -638,6 +639,45 @@ def test_a_bad_index_before_the_cut_raises_at_its_read_once_and_the_rest_still_r
             got = _cut_step(base, state, idx, index_before_cut=True)
             assert got == pytest.approx(_cut_step(base_c, state_c, good, index_before_cut=True), rel=1e-6)
         assert_same(state, state_c)
+
+
+def _two_bad_ops_step(x, w, i):
+    """A cut after op 4 (index_select, read below); a second op with the same
+    index (embedding, its result unused) after the cut, before the read."""
+    s = (w * 0.5 + 1.0) * 2.0
+    a = x.index_select(0, i)
+    torch.nn.functional.embedding(i, x)
+    m = x.masked_fill(x > 0, -1.0)
+    c = (w * 0.25).clone()
+    h = a.cpu()
+    return h, (m.sum() + s.sum() + c.sum()).item()
+
+
+def test_two_bad_ops_before_a_read_raise_once_as_in_strict_eager():
+    # Strict eager's check word keeps the first failure before a read and the
+    # read reports it once. Before, the part after the cut kept its own
+    # failure (the embedding's), raised at a later, unrelated read.
+    torch.manual_seed(6)
+    x_c, w_c = torch.randn(8, 16), torch.randn(4, 4)
+    good = torch.arange(8).flip(0)
+    x, w, idx = tpu(x_c), tpu(w_c), tpu(good)
+    bad = tpu(torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]))
+    want = _two_bad_ops_step(x_c, w_c, good)
+    for pipeline in (True, False, None):  # None: strict eager
+        with torch_pjrt.fused(pipeline=pipeline) if pipeline is not None else contextlib.nullcontext():
+            m0 = metrics()
+            for _ in range(5):
+                h, v = _two_bad_ops_step(x, w, idx)
+                torch.testing.assert_close(h, want[0], rtol=0, atol=0)
+                assert v == pytest.approx(want[1], rel=1e-5)
+            if pipeline:
+                assert reasons(m0, metrics()).get("pipeline", 0) >= 3, reasons(m0, metrics())
+            with pytest.raises(IndexError, match="index_select"):
+                _two_bad_ops_step(x, w, bad)
+            assert_same(x.sum(), x_c.sum())  # an unrelated read: nothing more to report
+            h, v = _two_bad_ops_step(x, w, idx)
+            torch.testing.assert_close(h, want[0], rtol=0, atol=0)
+        assert_same(w, w_c)
 
 
 def _end_read_step(base, idx_a, idx_b):

@@ -773,7 +773,21 @@ void fused_at_host_read() {
   device::DeviceLock lock;
   if (!g_trace.after_cut) return;
   int device = g_trace.device;
-  rt().report_checks(device);
+  try {
+    rt().report_checks(device);
+  } catch (...) {
+    // This read raises for an op before the cut. The rest, recorded before
+    // the read too, still runs (as strict eager's ops after a bad index do),
+    // and its own failures are dropped: strict eager's one word keeps only
+    // the first failure before a read, so a second bad op there is never
+    // reported at a later, unrelated read.
+    try {
+      fused_flush("pipeline");
+      rt().discard_checks(device);
+    } catch (...) {
+    }
+    throw;
+  }
   bool checks = g_trace.checks;
   fused_flush("pipeline");
   if (checks) rt().defer_checks(device);

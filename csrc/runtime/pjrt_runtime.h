@@ -344,6 +344,10 @@ class Runtime {
   // launched at a read whose value does not depend on it (fused eager's
   // pipelined flushes).
   void defer_checks(int device);
+  // Drops the current word's failures unread (a fresh zero word next time):
+  // work whose failures strict eager's one word would have folded into a
+  // failure already reported.
+  void discard_checks(int device);
 
   // Turns a PJRT error into std::runtime_error carrying the plugin's message.
   void check(PJRT_Error* error, const char* what) const;

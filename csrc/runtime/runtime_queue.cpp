@@ -376,6 +376,13 @@ void Runtime::defer_checks(int device) {
   check_deferred_[device] = check_dirty_[device];
 }
 
+void Runtime::discard_checks(int device) {
+  std::lock_guard<std::mutex> lock(check_mutex_);
+  check_words_[device] = nullptr;
+  check_dirty_[device] = false;
+  check_deferred_[device] = false;
+}
+
 void Runtime::report_checks(int device, bool at_op, bool reading) {
   for (size_t d = 0; d < check_words_.size(); ++d) {
     if (device >= 0 && static_cast<int>(d) != device) continue;
