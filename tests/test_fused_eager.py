@@ -736,11 +736,15 @@ def _long_end_read_step(base, idx, at, mid=0):
     return x.sum().item()
 
 
+def _long_inputs(seed):
+    """(base, good index) on CPU and on tpu."""
+    torch.manual_seed(seed)
+    base_c, good = torch.randn(8), torch.arange(8).flip(0)
+    return base_c, good, tpu(base_c), tpu(good)
+
+
 def test_a_long_trace_read_at_its_end_is_split_into_three_parts_a_bad_index_in_any_raises_at_the_read():
-    torch.manual_seed(4)
-    base_c = torch.randn(8)
-    good = torch.arange(8).flip(0)
-    base, idx = tpu(base_c), tpu(good)
+    base_c, good, base, idx = _long_inputs(4)
     with torch_pjrt.fused(pipeline=True):
         for _ in range(3):  # learns the cut (2nd sighting), then compiles the parts
             _long_end_read_step(base, idx, 3)
@@ -764,10 +768,7 @@ def test_a_trace_that_leaves_the_planned_chain_is_not_cut_there_and_stays_right(
     # Same first 27 ops, then 3 tanh: the first cut (at 21) is made, the
     # planned second one (15 ops later) is not, as that part's hash there
     # (taken at its first sighting) differs; values are CPU's.
-    torch.manual_seed(5)
-    base_c = torch.randn(8)
-    good = torch.arange(8).flip(0)
-    base, idx = tpu(base_c), tpu(good)
+    base_c, good, base, idx = _long_inputs(5)
     with torch_pjrt.fused(pipeline=True):
         for _ in range(4):
             _long_end_read_step(base, idx, 3)
