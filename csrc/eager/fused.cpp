@@ -122,11 +122,13 @@ constexpr size_t kMinCutOps = 4;
 // first part (92 ops) still running on the plugin's threads when the last 16
 // were recorded (its run took 80-120 us from launch against 15-30 us for the
 // last part; the host records an op in about 3.5 us). Per token, fused
-// against PyTorch CPU, two runs each (2026-12-06): 0.85 alone 0.91-0.95x;
-// 0.5,0.85 1.00x; 0.5,0.9 0.99-1.00x; 0.6,0.9 0.90-0.92x; 0.4,0.75,0.9
-// 0.89-0.91x; 0.5,0.8,0.95 0.90-0.95x (each flush costs the host 5-10 us,
-// and with a late middle cut that part is still running at the read).
-// Earlier, with one cut, 0.85 was the best of 0.65-0.95.
+// against PyTorch CPU, 5 alternating generate calls per run (2026-12-06,
+// docs/results.md "session 46"): 0.85 alone 0.93x (two runs); 0.5,0.85
+// 0.98-1.02x (eight runs); 0.5,0.8 0.94-0.95x; 0.4,0.8 0.97x; 0.55,0.88
+// 0.96x; 0.5,0.85,0.95 0.97x; 0.45,0.8,0.93 0.94x; and in a shorter
+// measure, 0.6,0.9 0.90-0.92x and 0.4,0.75,0.9 0.89-0.91x (each flush costs
+// the host 4-9 us, and with a late middle cut that part is still running at
+// the read). Earlier, with one cut, 0.85 was the best of 0.65-0.95.
 constexpr size_t kMinSplitOps = 16;
 const std::vector<double>& split_fractions() {
   static const std::vector<double> f = [] {
