@@ -163,12 +163,11 @@ std::vector<std::vector<Cut>> g_cuts;
 // Whether the trace is cut after its last op; `planned`, `next`: the planned
 // cuts of the part after it.
 bool cut_here(Trace& t, std::shared_ptr<std::vector<PlannedCut>>& planned, size_t& next) {
-  if (capturing() || !pipeline_on()) return false;
-  size_t k = t.ops.size();
+  size_t k = t.ops.size();  // (called after every recorded op: the cheap tests first)
   if (t.after_cut) {
     if (!t.planned || t.planned_at >= t.planned->size()) return false;
     PlannedCut& c = (*t.planned)[t.planned_at];
-    if (k != c.ops) return false;
+    if (k != c.ops || capturing() || !pipeline_on()) return false;
     if (!c.known) {
       c.hash = t.hash;
       c.known = true;
@@ -179,7 +178,7 @@ bool cut_here(Trace& t, std::shared_ptr<std::vector<PlannedCut>>& planned, size_
     next = t.planned_at + 1;
     return true;
   }
-  if (k >= g_cuts.size()) return false;
+  if (k >= g_cuts.size() || g_cuts[k].empty() || capturing() || !pipeline_on()) return false;
   for (const Cut& c : g_cuts[k])
     if (c.hash == t.hash) {
       planned = c.then;
