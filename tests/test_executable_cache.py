@@ -112,3 +112,39 @@ print("RESULT " + json.dumps({"base": base, "worst": worst, "ok": bool(ok),
     assert out["ok"]
     assert out["evictions"] > 0, out
     assert out["worst"] < 800 + 600, out  # the bound, plus at most one executable over it
+
+
+def test_a_hot_program_stays_and_dropped_entries_are_not_found_again():
+    """Eager lookups of a key go through a per-thread front without the
+    cache's lock; its hits still keep their program's place in the LRU order,
+    and nothing dropped from the cache is found through it again."""
+    out = run_json("import json, os, torch, torch_pjrt\n" + r"""
+from torch_pjrt import _state
+x = torch.arange(6.0).to("tpu")
+ok = True
+def hot():
+    return bool(torch.allclose(x.sin().cpu(), torch.arange(6.0).sin()))
+def new_program(n):
+    return bool(torch.equal(torch.ones(n).to("tpu").mul(3).cpu(), torch.full((n,), 3.0)))
+_state.C.record_programs(True)
+ok &= hot() and hot()            # the oldest entry (found once: in the front) ...
+for n in range(1, 40):
+    ok &= new_program(n)
+for _ in range(100):
+    ok &= hot()                  # ... now the most recently used
+for n in range(40, 70):
+    ok &= new_program(n)         # past the bound of 64: the oldest ones go
+ok &= hot()
+_state.C.record_programs(False)
+hot_compiles = sum("sine" in t for name, t in _state.C.take_recorded_programs())
+torch_pjrt.clear_executable_cache()
+c = torch_pjrt.metrics()["xla_compiles"]
+ok &= hot()
+print("RESULT " + json.dumps({"ok": ok, "hot_compiles": hot_compiles,
+      "after_clear": torch_pjrt.metrics()["xla_compiles"] - c,
+      "evictions": torch_pjrt.metrics()["executable_cache_evictions"]}))
+""", TORCH_PJRT_EXECUTABLE_CACHE_ENTRIES=64, TORCH_PJRT_CACHE_DIR="")
+    assert out["ok"]
+    assert out["evictions"] > 0
+    assert out["hot_compiles"] == 1, out     # not evicted as if unused
+    assert out["after_clear"] == 1, out      # cleared: compiled again, not found in a front

@@ -51,6 +51,22 @@ void push_complex(OpInstance& inst, c10::complex<double> z) {
   inst.scalars.push_back(ScalarInput{z.imag(), false});
 }
 
+// A 0-d CPU tensor's value (a wrapped Python number, mostly), read in place
+// for the common dtypes: item() goes through the dispatcher, per op call.
+c10::Scalar cpu_scalar(const at::Tensor& t) {
+  if (!t.is_neg() && !t.is_conj()) {
+    switch (t.scalar_type()) {
+      case at::kDouble: return *t.const_data_ptr<double>();
+      case at::kFloat: return static_cast<double>(*t.const_data_ptr<float>());
+      case at::kLong: return *t.const_data_ptr<int64_t>();
+      case at::kInt: return static_cast<int64_t>(*t.const_data_ptr<int32_t>());
+      case at::kBool: return *t.const_data_ptr<bool>();
+      default: break;
+    }
+  }
+  return t.item();
+}
+
 void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_output) {
   if (!t.defined()) {
     inst.put('U');
@@ -76,7 +92,7 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
       else inst.put(int_scalar(v).i);  // (the scalar type, keyed above, tells uint64 bits apart)
     };
     if (t.dim() == 0) {
-      record(t.item());  // the common case (x * 0.5): one read, no reshape
+      record(cpu_scalar(t));  // the common case (x * 0.5): one read, no reshape
     } else {
       at::Tensor flat = t.reshape({-1});
       for (int64_t i = 0; i < flat.numel(); ++i) record(flat[i].item());

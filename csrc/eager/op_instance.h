@@ -40,8 +40,9 @@ struct OpInstance {
   bool foreach = false;    // _foreach_*: the element op, once per list index, in one program
   // The cache key with float arguments as runtime inputs ('~' where each
   // is); static_key() adds their values (keyed by value). One string is
-  // built per call, not two, in place (no allocation below 256 bytes).
-  c10::SmallVector<char, 256> key;
+  // built per call, not two, in place (no allocation below 512 bytes: three
+  // 4-d tensors take about 300).
+  c10::SmallVector<char, 512> key;
   std::string_view key_view() const { return {key.data(), key.size()}; }
   c10::SmallVector<ScalarInput, 4> scalars;
   // (The same as `key` when there are no float arguments.)

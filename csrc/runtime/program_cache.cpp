@@ -1,6 +1,7 @@
 #include "runtime/program_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <stdexcept>
 #include <vector>
@@ -40,8 +41,53 @@ ProgramCache::ProgramCache(int64_t max_entries, int64_t max_bytes)
       max_bytes_(max_bytes),
       max_mappings_(env_size("TORCH_PJRT_EXECUTABLE_CACHE_MAPPINGS", mapping_limit() / 2, false)) {}
 
+namespace {
+// One thread's last finds, direct-mapped by the key's hash: a loop's ops
+// (an eager op is looked up per call) find their programs without the lock.
+// Weak: the front keeps nothing alive that the cache has dropped.
+struct FrontEntry {
+  const void* cache = nullptr;
+  uint64_t generation = 0;
+  size_t hash = 0;
+  uint32_t hits = 0;
+  std::string key;
+  std::weak_ptr<void> value;
+};
+constexpr size_t kFrontEntries = 256;
+// Every this many front hits an entry goes through the locked path, which
+// keeps its place in the least-recently-used order (a program used once
+// per fewer than max_entries - 16 new programs is never evicted).
+constexpr uint32_t kTouchEvery = 16;
+thread_local std::array<FrontEntry, kFrontEntries> t_front;
+}  // namespace
+
 std::shared_ptr<void> ProgramCache::find(std::string_view key) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  size_t hash = std::hash<std::string_view>{}(key);
+  FrontEntry& f = t_front[hash % kFrontEntries];
+  uint64_t generation = generation_.load(std::memory_order_acquire);
+  if (f.cache == this && f.generation == generation && f.hash == hash && ++f.hits % kTouchEvery != 0 &&
+      f.key == key)
+    if (auto value = f.value.lock()) return value;
+  std::shared_ptr<void> value;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    value = find_locked(key);
+    generation = generation_.load(std::memory_order_relaxed);  // (as of this value)
+  }
+  if (value) {
+    if (f.cache != this || f.hash != hash || f.key != key) {
+      f.key.assign(key);
+      f.hash = hash;
+      f.cache = this;
+      f.hits = 0;
+    }
+    f.generation = generation;
+    f.value = value;
+  }
+  return value;
+}
+
+std::shared_ptr<void> ProgramCache::find_locked(std::string_view key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
   order_.splice(order_.begin(), order_, it->second.order);
@@ -54,6 +100,7 @@ void ProgramCache::put(const std::string& key, std::shared_ptr<void> value, int6
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
+      generation_.fetch_add(1, std::memory_order_release);
       bytes_ -= it->second.bytes;
       dropped.push_back(std::move(it->second.value));
       order_.erase(it->second.order);
@@ -114,6 +161,7 @@ void ProgramCache::drop_oldest_locked(std::vector<std::shared_ptr<void>>* droppe
   entries_.erase(victim);
   order_.pop_back();
   ++evictions_;
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 void ProgramCache::clear() {
@@ -122,6 +170,7 @@ void ProgramCache::clear() {
   dropped.swap(entries_);
   order_.clear();
   bytes_ = 0;
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 void ProgramCache::set_bounds(int64_t max_entries, int64_t max_bytes) {

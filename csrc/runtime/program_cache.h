@@ -14,6 +14,7 @@
 // compiling or loading and every 64 insertions).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -33,6 +34,8 @@ class ProgramCache {
   ProgramCache(int64_t max_entries, int64_t max_bytes);
 
   // The entry for `key`, now the most recently used; null when absent.
+  // Repeated lookups of a key on one thread take no lock (a per-thread
+  // front of the last keys found, valid while the cache drops nothing).
   std::shared_ptr<void> find(std::string_view key);
   // Inserts or replaces; evicts least recently used entries past the bounds
   // (never the one just inserted).
@@ -61,7 +64,12 @@ class ProgramCache {
   // Drops least recently used entries past the bounds, keeping at least one.
   void evict_locked(std::vector<std::shared_ptr<void>>* dropped);
 
+  std::shared_ptr<void> find_locked(std::string_view key);
+
   mutable std::mutex mutex_;
+  // Bumped whenever an entry is dropped or replaced: the per-thread fronts'
+  // entries from before are not used.
+  std::atomic<uint64_t> generation_{1};
   std::list<std::string> order_;  // most recently used first
   // (Looked up by string_view: an eager op's key is built in place.)
   struct Hash {
