@@ -79,6 +79,29 @@ def test_index_bad_index_dtype():
     check_raises(lambda x, i: x[i], make(SHAPE), torch.tensor([0.0, 1.0]))
 
 
+@pytest.mark.parametrize("case", ["empty_broadcast", "empty_broadcast_4d", "empty_slices", "put_empty_broadcast",
+                                  "put_empty_slices", "put_accumulate_empty_slices"])
+def test_out_of_range_indices_that_touch_nothing_are_not_checked(case):
+    # CPU checks an index as it reads or writes an element: none when the
+    # broadcast indices or the slices they pick are empty (pytorch/xla's
+    # test_index_zero_tensor_by_zero_tensor).
+    empty, bad = torch.zeros(0, dtype=torch.long), idx(9)
+    fn, x = {
+        "empty_broadcast": (lambda x, e, b: x[e, b], make((3, 4))),
+        "empty_broadcast_4d": (lambda x, e, b: x[:, e.view(0, 1), :, b.view(1, 1) + 41], make((10, 0, 10, 10))),
+        "empty_slices": (lambda x, e, b: x[b + 41], make((10, 0))),
+        "put_empty_broadcast": (lambda x, e, b: x.clone().index_put_((e, b), torch.tensor(1.0)), make((3, 4))),
+        "put_empty_slices": (lambda x, e, b: x.clone().index_put_((b + 41,), torch.tensor(1.0)), make((10, 0))),
+        "put_accumulate_empty_slices": (lambda x, e, b: x.clone().index_put_((b + 41,), torch.tensor(1.0), True),
+                                        make((10, 0))),
+    }[case]
+    expected = fn(x, empty, bad)
+    assert_same(fn(tpu(x), tpu(empty), tpu(bad)), expected)
+    # ... while one element read is checked.
+    with pytest.raises(IndexError, match="out of bounds"):
+        tpu(make((3, 4)))[tpu(idx(0)), tpu(bad)].cpu()
+
+
 def test_index_bool_mask_read():
     check(lambda x: x[x > 0], make(SHAPE))
     check(lambda x: x[:, (x[0] > 0)], make(SHAPE))
