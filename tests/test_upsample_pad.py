@@ -173,3 +173,51 @@ def test_half_bilinear_keeps_float32_weights_as_cpu(dt):
             got = F.interpolate(xi.to("tpu"), size=(9, 4), mode="bilinear", align_corners=align).cpu().float()
             # (within one ulp of the result: CPU's own sum order differs)
             torch.testing.assert_close(got, want, rtol=torch.finfo(dt).eps, atol=torch.finfo(dt).eps / 4)
+
+
+# Antialiased resize (torchvision's Resize on tensors, timm's position-embedding
+# resampling): a window as wide as the downscale, PIL's filters.
+AA_CASES = [((2, 3, 17, 23), (3, 5)), ((1, 2, 8, 8), (16, 7)), ((2, 1, 5, 40), (34, 4)), ((1, 2, 9, 9), (1, 1)),
+            ((1, 1, 12, 10), (12, 3))]
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("shape,size", AA_CASES)
+def test_interpolate_antialiased(shape, size, mode, align_corners):
+    for dtype in [torch.float32, torch.float64]:
+        check_grad(lambda t: F.interpolate(t, size=size, mode=mode, align_corners=align_corners, antialias=True),
+                   make(shape, dtype), dtype)
+
+
+def test_interpolate_antialiased_scale_factors_nonfinite_and_dtypes():
+    x = make((1, 2, 30, 20))
+    for sf in [0.3, 0.77, 1.6]:
+        for mode in ["bilinear", "bicubic"]:
+            f = lambda t: F.interpolate(t, scale_factor=sf, mode=mode, antialias=True)  # noqa: E731
+            assert_same(f(tpu(x)), f(x))
+    # An inf or NaN reaches the outputs whose windows hold it, as on CPU.
+    y = make((1, 1, 9, 9))
+    y[0, 0, 4, 4], y[0, 0, 1, 7] = float("inf"), float("nan")
+    for mode in ["bilinear", "bicubic"]:
+        assert_same(F.interpolate(tpu(y), size=(4, 3), mode=mode, antialias=True),
+                    F.interpolate(y, size=(4, 3), mode=mode, antialias=True))
+    # uint8 images: CPU's fixed-point kernel, exactly; half types: CPU's error.
+    u = torch.randint(0, 256, (1, 3, 20, 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(F.interpolate(tpu(u), size=(7, 9), mode="bicubic", antialias=True).cpu(),
+                       F.interpolate(u, size=(7, 9), mode="bicubic", antialias=True))
+    check_raises(lambda t: F.interpolate(t, size=(3, 3), mode="bilinear", antialias=True),
+                 make((1, 1, 8, 8), torch.bfloat16))
+
+
+def test_interpolate_antialiased_in_compiled_graphs():
+    # Lowered into the graph for float inputs; a uint8 image (CPU's fixed-point
+    # kernel) makes the lowering decline: the graph is compiled around the op.
+    f = torch.compile(lambda t: F.interpolate(t, size=(7, 9), mode="bicubic", antialias=True) * 2, backend="tpu")
+    x = make((1, 3, 20, 20))
+    assert_same(f(tpu(x)), F.interpolate(x, size=(7, 9), mode="bicubic", antialias=True) * 2)
+    g = torch.compile(lambda t: F.interpolate(t, size=(7, 9), mode="bilinear", antialias=True) + 1, backend="tpu")
+    u = torch.randint(0, 250, (1, 3, 20, 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="cannot lower aten::_upsample_bilinear2d_aa"):
+        got = g(tpu(u))
+    assert torch.equal(got.cpu(), F.interpolate(u, size=(7, 9), mode="bilinear", antialias=True) + 1)

@@ -282,6 +282,10 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
     }
   }
   if (complex_cpu_scalar) return false;
+  // Antialiased uint8 images: CPU's fixed-point kernel (int16 weights) computes them.
+  if ((base == "_upsample_bilinear2d_aa" || base == "_upsample_bicubic2d_aa") && !stack_args.empty() &&
+      stack_args[0].isTensor() && !c10::isFloatingType(stack_args[0].toTensor().scalar_type()))
+    return false;
   has_unsigned |= unsigned_cpu_scalar && !non_bool_tensor;
   if (has_unsigned && !unsigned_ops.count(base)) return false;
   if (has_complex && !complex_ops.count(base)) return false;

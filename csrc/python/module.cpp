@@ -52,6 +52,10 @@ std::pair<std::vector<runtime::BufferPtr>, int> whole_buffers(const std::vector<
 }  // namespace
 
 PYBIND11_MODULE(torch_pjrt_C, m) {
+  // A lowering that does not handle these inputs (a dtype its CPU kernel
+  // lacks): a compiled graph is then built around the op, which runs op by
+  // op and gives CPU's result or CPU's error (eager paths catch it in C++).
+  py::register_exception<lowering::NotImplemented>(m, "LoweringNotImplemented", PyExc_NotImplementedError);
   m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
     runtime::Runtime::initialize(path, name, cpu_devices);
     runtime::ProgramCache::get();  // a bad TORCH_PJRT_EXECUTABLE_CACHE_* setting fails the import, not an op

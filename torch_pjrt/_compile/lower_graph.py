@@ -304,7 +304,10 @@ class _Walker(HigherOrderOps):
         single = isinstance(out_meta, torch.Tensor)
         metas = [out_meta] if single else list(out_meta)
         types = [_type(m) if isinstance(m, torch.Tensor) else None for m in metas]
-        ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types, self.forced_rng)
+        try:
+            ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types, self.forced_rng)
+        except self.C.LoweringNotImplemented as e:  # e.g. a dtype: the op runs op by op, as in eager mode
+            raise Unsupported(f"aten::{name}", str(e)) from e
         if mutations:
             raise Unsupported(f"aten::{name}", "its lowering writes an argument")
         vals = [None if i is None else _Val(i, m) for i, m in zip(ids, metas)]

@@ -1,6 +1,8 @@
 // F.interpolate: upsample_nearest{1,2,3}d, _upsample_nearest_exact{1,2,3}d,
 // upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d,
-// upsample_bicubic2d and their backward ops. (The .vec overloads are
+// upsample_bicubic2d, the antialiased _upsample_bilinear2d_aa and
+// _upsample_bicubic2d_aa (float32/float64; uint8 takes CPU's fixed-point
+// kernel) and their backward ops. (The .vec overloads are
 // CompositeImplicitAutograd: they compute output_size/scales and call these.)
 //
 // Each resized dim is separable: output[o] = sum_k w_k[o] * input[idx_k[o]].
@@ -21,13 +23,16 @@
 namespace torch_pjrt::lowering::ops {
 namespace {
 
-enum class Kind { Nearest, NearestExact, Linear, Cubic };
+enum class Kind { Nearest, NearestExact, Linear, Cubic, LinearAA, CubicAA };
 
 // Source indices and weights of one resized dim, tap-major: idx[k][o].
 struct Taps {
   std::vector<std::vector<int64_t>> idx;
   std::vector<std::vector<double>> w;  // empty for nearest
   bool linear = false;                 // w[0] is 1 - w[1], computed in the input dtype
+  // Antialiased: output o has taps k < size[o] only (a window as wide as the
+  // scale; the rest pad the tap count, their terms not added).
+  std::vector<int64_t> size;
 };
 
 // ---- PyTorch's index arithmetic (aten/src/ATen/native/UpSample.h), T = opmath type ----
@@ -134,6 +139,56 @@ Taps compute_taps(Kind kind, int64_t in, int64_t out, bool align_corners, std::o
   return t;
 }
 
+// Antialiased (PIL's filters, as PyTorch's CPU kernel computes them in the
+// input's dtype T, with its mixed float/double arithmetic): a window of input
+// samples around each output's center, as wide as the downscale, weighted by
+// the filter stretched by it and normalized. `backward` sizes the tap count
+// as the backward kernel does (ceilf).
+template <typename T>
+T aa_filter(Kind kind, T x) {
+  x = std::abs(x);
+  if (kind == Kind::LinearAA) return x < 1.0 ? static_cast<T>(1.0 - x) : T(0);
+  const T a = T(-0.5);  // Keys' cubic (PIL); the plain bicubic uses -0.75
+  if (x < 1.0) return cubic1<T>(x, a);
+  if (x < 2.0) return cubic2<T>(x, a);
+  return T(0);
+}
+
+template <typename T>
+Taps aa_taps(Kind kind, int64_t in, int64_t out, bool align_corners, std::optional<double> scale_arg,
+             bool backward) {
+  const int interp = kind == Kind::LinearAA ? 2 : 4;
+  const T scale = pixel_scale<T>(in, out, align_corners, scale_arg);
+  const T support = scale >= 1.0 ? (interp * 0.5) * scale : interp * 0.5;
+  const int64_t taps = backward ? static_cast<int64_t>(ceilf(static_cast<float>(support))) * 2 + 1
+                                : static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  const T invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+  Taps t;
+  t.idx.assign(taps, std::vector<int64_t>(out));
+  t.w.assign(taps, std::vector<double>(out, 0.0));
+  t.size.assign(out, 0);
+  for (int64_t o = 0; o < out; ++o) {
+    const T center = scale * (o + 0.5);
+    int64_t xmin = std::max(static_cast<int64_t>(center - support + 0.5), int64_t(0));
+    int64_t xsize = std::min(static_cast<int64_t>(center + support + 0.5), in) - xmin;
+    xsize = std::clamp<int64_t>(xsize, 0, taps);
+    std::vector<T> w(taps, T(0));
+    T total = 0;
+    for (int64_t j = 0; j < xsize; ++j) {
+      w[j] = aa_filter<T>(kind, static_cast<T>((j + xmin - center + 0.5) * invscale));
+      total += w[j];
+    }
+    if (total != 0.0)
+      for (int64_t j = 0; j < xsize; ++j) w[j] /= total;
+    for (int64_t k = 0; k < taps; ++k) {
+      t.idx[k][o] = std::min(xmin + (k < xsize ? k : 0), in - 1);
+      t.w[k][o] = w[k];
+    }
+    t.size[o] = xsize;
+  }
+  return t;
+}
+
 // ---- program pieces ------------------------------------------------------------------
 
 std::string hex(uint64_t bits, int digits) {
@@ -233,10 +288,40 @@ std::vector<std::optional<double>> scales_of(const LoweringContext& ctx, int nd)
   return s;
 }
 
+bool antialiased(Kind k) { return k == Kind::LinearAA || k == Kind::CubicAA; }
+
 Taps taps_for(const Spec& sp, DType dt, int64_t in, int64_t out, bool align, std::optional<double> scale,
               bool backward) {
+  if (antialiased(sp.kind))
+    return dt == DType::F64 ? aa_taps<double>(sp.kind, in, out, align, scale, backward)
+                            : aa_taps<float>(sp.kind, in, out, align, scale, backward);
   return dt == DType::F64 ? compute_taps<double>(sp.kind, in, out, align, scale, backward)
                           : compute_taps<float>(sp.kind, in, out, align, scale, backward);
+}
+
+// Where output o along dim d of `like` has tap k (antialiased windows), as a
+// bool mask; none when every output has it.
+std::optional<Value> tap_mask(Builder& b, const Taps& t, size_t k, const TensorType& like, int64_t d,
+                              bool first_always) {
+  if (t.size.empty() || (first_always && k == 0)) return std::nullopt;
+  std::vector<int64_t> has(t.size.size());
+  bool all = true;
+  for (size_t o = 0; o < t.size.size(); ++o) {
+    has[o] = static_cast<int64_t>(k) < t.size[o];
+    all &= has[o] != 0;
+  }
+  if (all) return std::nullopt;
+  Value m = b.convert(const_vector(b, has, DType::I64), DType::Bool);
+  return b.broadcast_in_dim(m, like.shape, {d});
+}
+
+// CPU's antialiased kernels compute in float32/float64 only.
+void check_aa_dtype(LoweringContext& ctx, const Spec& sp, DType dt, bool backward) {
+  if (!antialiased(sp.kind) || dt == DType::F32 || dt == DType::F64) return;
+  const char* mode = sp.kind == Kind::LinearAA ? "bilinear" : "bicubic";
+  ctx.kernel_not_implemented(backward ? std::string("upsample_") + mode + "2d_aa_backward_cpu"
+                                      : std::string("compute_index_ranges_weights"),
+                             dt);
 }
 
 std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
@@ -247,6 +332,7 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
   bool align = sp.has_align && ctx.to_bool("align_corners", false);
   auto scales = scales_of(ctx, sp.nd);
   DType in_dt = x.dtype();
+  check_aa_dtype(ctx, sp, in_dt, false);
   bool nearest = sp.kind == Kind::Nearest || sp.kind == Kind::NearestExact;
   // Integer images (uint8) interpolate in float32 and, like CPU's separable
   // uint8 kernel, round half up and clamp after each dimension's pass.
@@ -257,6 +343,8 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
   if (!nearest) x = b.convert(x, integral ? DType::F32 : math_dtype(in_dt));
   for (int i = sp.nd - 1; i >= 0; --i) {
     int64_t d = x.rank() - sp.nd + i;
+    // (CPU's antialiased kernel skips a dim whose size stays.)
+    if (antialiased(sp.kind) && x.shape()[d] == out.shape[d]) continue;
     Taps t = taps_for(sp, in_dt, x.shape()[d], out.shape[d], align, scales[i], false);
     if (nearest) {
       x = take(b, x, t.idx[0], d);
@@ -268,7 +356,10 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
     Value y;
     for (size_t k = 0; k < t.idx.size(); ++k) {
       Value term = b.binary("multiply", take(b, x, t.idx[k], d), ws[k]);
-      y = k == 0 ? term : b.binary("add", y, term);
+      Value sum = k == 0 ? term : b.binary("add", y, term);
+      // (The CPU kernel always computes an antialiased window's first term.)
+      auto mask = tap_mask(b, t, k, sum.type, d, /*first_always=*/true);
+      y = mask ? b.select(*mask, sum, y) : sum;
     }
     if (integral) {
       auto [lo, hi] = integer_range(in_dt);
@@ -289,6 +380,7 @@ std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
   auto scales = scales_of(ctx, sp.nd);
   auto in_size = ctx.ints("input_size");
   DType dt = out.dtype;
+  check_aa_dtype(ctx, sp, dt, true);
   g = b.convert(g, math_dtype(dt));
   if (g.type.numel() == 0) return {b.zeros(out)};
   for (int i = 0; i < sp.nd; ++i) {
@@ -299,7 +391,9 @@ std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
     std::vector<int64_t> idx;
     auto ws = t.w.empty() ? std::vector<Value>{} : weights(b, t, g.type, d, g.dtype());
     for (size_t k = 0; k < t.idx.size(); ++k) {
-      parts.push_back(ws.empty() ? g : b.binary("multiply", g, ws[k]));
+      Value part = ws.empty() ? g : b.binary("multiply", g, ws[k]);
+      auto mask = tap_mask(b, t, k, part.type, d, /*first_always=*/false);
+      parts.push_back(mask ? b.select(*mask, part, b.zeros(part.type)) : part);
       idx.insert(idx.end(), t.idx[k].begin(), t.idx[k].end());
     }
     g = scatter_add(b, parts.size() == 1 ? parts[0] : b.concatenate(parts, d), idx, d, n_in);
@@ -324,6 +418,8 @@ TP_UPSAMPLE("upsample_linear1d", Kind::Linear, 1, true)
 TP_UPSAMPLE("upsample_bilinear2d", Kind::Linear, 2, true)
 TP_UPSAMPLE("upsample_trilinear3d", Kind::Linear, 3, true)
 TP_UPSAMPLE("upsample_bicubic2d", Kind::Cubic, 2, true)
+TP_UPSAMPLE("_upsample_bilinear2d_aa", Kind::LinearAA, 2, true)
+TP_UPSAMPLE("_upsample_bicubic2d_aa", Kind::CubicAA, 2, true)
 
 #undef TP_UPSAMPLE
 
