@@ -221,3 +221,18 @@ def test_interpolate_antialiased_in_compiled_graphs():
     with pytest.warns(UserWarning, match="cannot lower aten::_upsample_bilinear2d_aa"):
         got = g(tpu(u))
     assert torch.equal(got.cpu(), F.interpolate(u, size=(7, 9), mode="bilinear", antialias=True) + 1)
+
+
+@pytest.mark.parametrize("mode,shape", [("nearest", (1, 5, 32, 32)), ("bilinear", (1, 5, 32, 32)),
+                                        ("bicubic", (1, 5, 32, 32)), ("linear", (2, 5, 600)),
+                                        ("trilinear", (1, 5, 8, 16, 16))])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int64, torch.bool, torch.uint8])
+def test_interpolate_dtypes_cpu_lacks_raise_as_on_cpu(mode, shape, dtype):
+    # Large enough (5,120 elements) that no CPU run is asked: the lowering
+    # itself knows CPU's kernels (uint8 for nearest and 2-d bilinear/bicubic).
+    x = torch.ones(shape, dtype=dtype)
+    f = lambda t: F.interpolate(t, scale_factor=0.5, mode=mode)  # noqa: E731
+    if dtype == torch.uint8 and mode in ("nearest", "bilinear", "bicubic"):
+        assert torch.equal(f(tpu(x)).cpu(), f(x))
+    else:
+        check_raises(f, x)

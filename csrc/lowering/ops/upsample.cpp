@@ -315,24 +315,33 @@ std::optional<Value> tap_mask(Builder& b, const Taps& t, size_t k, const TensorT
   return b.broadcast_in_dim(m, like.shape, {d});
 }
 
-// CPU's antialiased kernels compute in float32/float64 only.
-void check_aa_dtype(LoweringContext& ctx, const Spec& sp, DType dt, bool backward) {
-  if (!antialiased(sp.kind) || dt == DType::F32 || dt == DType::F64) return;
+// The dtypes CPU's kernels implement: floating types (float32/float64 only
+// antialiased), and uint8 images for nearest and the 2-d bilinear/bicubic;
+// for the rest CPU's NotImplementedError.
+void check_dtype(LoweringContext& ctx, const Spec& sp, DType dt, bool backward) {
   const char* mode = sp.kind == Kind::LinearAA ? "bilinear" : "bicubic";
-  ctx.kernel_not_implemented(backward ? std::string("upsample_") + mode + "2d_aa_backward_cpu"
-                                      : std::string("compute_index_ranges_weights"),
+  if (antialiased(sp.kind)) {
+    if (dt == DType::F32 || dt == DType::F64) return;
+    ctx.kernel_not_implemented(backward ? std::string("upsample_") + mode + "2d_aa_backward_cpu"
+                                        : std::string("compute_index_ranges_weights"),
+                               dt);
+  }
+  bool nearest = sp.kind == Kind::Nearest || sp.kind == Kind::NearestExact;
+  if (is_float(dt) || (dt == DType::U8 && !backward && (nearest || sp.nd == 2))) return;
+  ctx.kernel_not_implemented(std::string("compute_indices_weights_") +
+                                 (nearest ? "nearest" : sp.kind == Kind::Linear ? "linear" : "cubic"),
                              dt);
 }
 
 std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  if (out.numel() == 0) return {b.zeros(out)};
   Value x = ctx.tensor("self");
+  DType in_dt = x.dtype();
+  check_dtype(ctx, sp, in_dt, false);
+  if (out.numel() == 0) return {b.zeros(out)};
   bool align = sp.has_align && ctx.to_bool("align_corners", false);
   auto scales = scales_of(ctx, sp.nd);
-  DType in_dt = x.dtype();
-  check_aa_dtype(ctx, sp, in_dt, false);
   bool nearest = sp.kind == Kind::Nearest || sp.kind == Kind::NearestExact;
   // Integer images (uint8) interpolate in float32 and, like CPU's separable
   // uint8 kernel, round half up and clamp after each dimension's pass.
@@ -374,13 +383,13 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
 std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
+  check_dtype(ctx, sp, out.dtype, true);
   if (out.numel() == 0) return {b.zeros(out)};
   Value g = ctx.tensor("grad_output");
   bool align = sp.has_align && ctx.to_bool("align_corners", false);
   auto scales = scales_of(ctx, sp.nd);
   auto in_size = ctx.ints("input_size");
   DType dt = out.dtype;
-  check_aa_dtype(ctx, sp, dt, true);
   g = b.convert(g, math_dtype(dt));
   if (g.type.numel() == 0) return {b.zeros(out)};
   for (int i = 0; i < sp.nd; ++i) {
