@@ -210,6 +210,15 @@ def test_interpolate_antialiased_scale_factors_nonfinite_and_dtypes():
                  make((1, 1, 8, 8), torch.bfloat16))
 
 
+def test_interpolate_antialiased_extreme_downscale():
+    # Windows of 4,001 taps (bilinear) and 8,001 (bicubic): one gather and a
+    # sum over a taps dim (the unrolled form, an op per tap, took minutes to
+    # compile at this width).
+    x = make((1, 2, 4000, 3), torch.float64)
+    for mode in ["bilinear", "bicubic"]:
+        check_grad(lambda t: F.interpolate(t, size=(2, 2), mode=mode, antialias=True), x, torch.float64)
+
+
 def test_interpolate_antialiased_in_compiled_graphs():
     # Lowered into the graph for float inputs; a uint8 image (CPU's fixed-point
     # kernel) makes the lowering decline: the graph is compiled around the op.

@@ -270,6 +270,45 @@ std::vector<Value> weights(Builder& b, const Taps& t, const TensorType& like, in
   return ws;
 }
 
+// Windows wider than this (an antialiased downscale by more than ~2x for
+// bicubic, ~3.5x for bilinear) take every tap in one gather, weighted and
+// summed over a taps dim: the program stays the same size for any width (a
+// 20,000 -> 2 resize, one op per tap, did not compile in 6 minutes). XLA's
+// sum order there is not CPU's sequential one: float rounding apart.
+constexpr size_t kUnrolledTaps = 8;
+
+// The taps of dim d as a [.., out, K, ..] layout: flat gather indices, the
+// weights (rounded to `round_to` as weights() does) and the mask of the taps
+// each output adds, broadcast to `split`.
+struct WideTaps {
+  Shape split;
+  std::vector<int64_t> idx;
+  Value w, mask;
+};
+
+WideTaps wide_taps(Builder& b, const Taps& t, Shape shape, int64_t d, DType dt, DType round_to, bool first_always) {
+  int64_t out = static_cast<int64_t>(t.idx[0].size()), K = static_cast<int64_t>(t.idx.size());
+  WideTaps wt;
+  std::vector<double> w(out * K);
+  std::vector<int64_t> has(out * K);
+  wt.idx.resize(out * K);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t k = 0; k < K; ++k) {
+      wt.idx[o * K + k] = t.idx[k][o];
+      w[o * K + k] = t.w[k][o];
+      has[o * K + k] = (first_always && k == 0) || k < t.size[o];
+    }
+  shape[d] = out;
+  shape.insert(shape.begin() + d + 1, K);
+  wt.split = shape;
+  Value wv = const_vector(b, w, dt);
+  if (round_to != dt) wv = b.convert(b.convert(wv, round_to), dt);
+  wt.w = b.broadcast_in_dim(b.reshape(wv, {out, K}), shape, {d, d + 1});
+  Value m = b.convert(const_vector(b, has, DType::I64), DType::Bool);
+  wt.mask = b.broadcast_in_dim(b.reshape(m, {out, K}), shape, {d, d + 1});
+  return wt;
+}
+
 // ---- the ops ------------------------------------------------------------------------
 
 struct Spec {
@@ -359,10 +398,17 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
       x = take(b, x, t.idx[0], d);
       continue;
     }
+    Value y;
+    if (t.idx.size() > kUnrolledTaps) {
+      WideTaps wt = wide_taps(b, t, x.shape(), d, x.dtype(), weight_dt, /*first_always=*/true);
+      Value g = b.reshape(take(b, x, wt.idx, d), wt.split);
+      Value terms = b.select(wt.mask, b.binary("multiply", g, wt.w), b.zeros(g.type));
+      x = b.reduce(terms, b.constant(0.0, x.dtype()), {d + 1}, "stablehlo.add");
+      continue;  // (float inputs only: antialiased)
+    }
     Shape gathered = x.shape();
     gathered[d] = out.shape[d];
     auto ws = weights(b, t, TensorType{x.dtype(), gathered}, d, weight_dt);
-    Value y;
     for (size_t k = 0; k < t.idx.size(); ++k) {
       Value term = b.binary("multiply", take(b, x, t.idx[k], d), ws[k]);
       Value sum = k == 0 ? term : b.binary("add", y, term);
@@ -396,6 +442,18 @@ std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
     int64_t d = g.rank() - sp.nd + i;
     int64_t n_in = in_size[in_size.size() - sp.nd + i];
     Taps t = taps_for(sp, dt, n_in, g.shape()[d], align, scales[i], true);
+    if (t.idx.size() > kUnrolledTaps) {
+      WideTaps wt = wide_taps(b, t, g.shape(), d, g.dtype(), g.dtype(), /*first_always=*/false);
+      std::vector<int64_t> dims;
+      for (int64_t j = 0; j < g.rank() + 1; ++j)
+        if (j != d + 1) dims.push_back(j);
+      Value spread = b.broadcast_in_dim(g, wt.split, dims);
+      Value parts = b.select(wt.mask, b.binary("multiply", spread, wt.w), b.zeros(spread.type));
+      Shape flat = g.shape();
+      flat[d] = static_cast<int64_t>(wt.idx.size());
+      g = scatter_add(b, b.reshape(parts, flat), wt.idx, d, n_in);
+      continue;
+    }
     std::vector<Value> parts;
     std::vector<int64_t> idx;
     auto ws = t.w.empty() ? std::vector<Value>{} : weights(b, t, g.type, d, g.dtype());
