@@ -297,11 +297,67 @@ std::string dtypes_of(c10::ArrayRef<c10::IValue> args) {
   return os.str();
 }
 
+namespace {
+
+// Bool, integer and complex tensors: the dtypes whose kernels CPU lacks for
+// many ops (structurally, at any size; float16/bfloat16 support can depend on
+// the path a size takes, e.g. cdist).
+bool suspect_dtype(c10::ScalarType t) { return t == c10::kBool || c10::isIntegralType(t, false) || c10::isComplexType(t); }
+
+// The probe's copy of an argument shrunk to at most 4 elements per dim
+// (`as_float`: its bool/integer/complex tensors as float32).
+c10::IValue shrunk(const c10::IValue& v, double fill, bool as_float) {
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
+  return map_tensors(v, [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    bool floated = as_float && suspect_dtype(t.scalar_type());
+    if (t.device().type() != c10::DeviceType::PrivateUse1)
+      return floated && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.to(at::kFloat) : t.clone();
+    std::vector<int64_t> sizes;
+    for (int64_t s : t.sizes()) sizes.push_back(std::min<int64_t>(s, 4));
+    at::Tensor r = at::empty(sizes, t.options().device(c10::kCPU).dtype(floated ? at::kFloat : t.scalar_type()));
+    r.fill_(r.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
+    return r;
+  });
+}
+
+torch::jit::Stack shrunk_stack(c10::ArrayRef<c10::IValue> args, double fill, bool as_float) {
+  torch::jit::Stack stack;
+  for (const auto& v : args) stack.push_back(shrunk(v, fill, as_float));
+  return stack;
+}
+
+// A call too large to probe whole, with bool/integer/complex tensors: the
+// same call shrunk to at most 4 elements per dim fails alike with zeros and ones,
+// and the same with those tensors as float32 does not fail: the dtype is
+// what CPU's kernel refuses (bool addmv, integer softmax or avg_pool, ...),
+// at any size. Otherwise (a shrunk shape CPU rejects, data it rejects) the
+// call goes on unchecked, as before.
+void check_dtypes_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  bool suspect = false;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    suspect |= t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && suspect_dtype(t.scalar_type());
+  });
+  if (!suspect) return;
+  CpuError err;
+  if (call(op, shrunk_stack(args, 0.0, false), &err) != Outcome::Failed || beyond_cpu(op.schema(), err)) return;
+  if (!same_failure(op, shrunk_stack(args, 1.0, false), err)) return;
+  if (call(op, shrunk_stack(args, 1.0, true), nullptr) != Outcome::Ok &&
+      call(op, shrunk_stack(args, 0.0, true), nullptr) != Outcome::Ok)
+    return;
+  raise(err, op_display_name(op.schema()), dtypes_of(args));
+}
+
+}  // namespace
+
 void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool random,
                     const torch::jit::Stack& meta) {
   const auto& schema = op.schema();
   if (!enabled() || skipped(schema, args, random)) return;
-  if (!small_call(args, output_elements(meta))) return;
+  if (!small_call(args, output_elements(meta))) {
+    check_dtypes_like_cpu(op, args);
+    return;
+  }
   CpuError err;
   if (call(op, probe_stack(schema, args, ProbeArgs{0.0}), &err) != Outcome::Failed) return;
   // The same call with other data: an error of the probe's zeros (a singular
