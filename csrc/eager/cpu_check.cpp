@@ -301,51 +301,75 @@ namespace {
 
 // Bool, integer and complex tensors: the dtypes whose kernels CPU lacks for
 // many ops (structurally, at any size; float16/bfloat16 support can depend on
-// the path a size takes, e.g. cdist).
+// the path a size takes, e.g. cdist, and is not probed this way).
 bool suspect_dtype(c10::ScalarType t) { return t == c10::kBool || c10::isIntegralType(t, false) || c10::isComplexType(t); }
 
-// The probe's copy of an argument shrunk to at most 4 elements per dim
-// (`as_float`: its bool/integer/complex tensors as float32).
-c10::IValue shrunk(const c10::IValue& v, double fill, bool as_float) {
+// The control call's dtypes: the suspect ones as float32 when the call has
+// any; else float32/float64 as int64 (bitwise ops of floats).
+enum class Control { None, ToFloat, ToLong };
+
+std::optional<c10::ScalarType> controlled(c10::ScalarType t, Control c) {
+  if (c == Control::ToFloat && suspect_dtype(t)) return at::kFloat;
+  if (c == Control::ToLong && (t == at::kFloat || t == at::kDouble)) return at::kLong;
+  return std::nullopt;
+}
+
+// The probe's copy of an argument shrunk to at most 4 elements per dim, its
+// dtypes (tensors' and ScalarType arguments') changed as `control` says.
+c10::IValue shrunk(const c10::Argument& arg, const c10::IValue& v, double fill, Control control) {
   if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
+  if (v.isInt()) {
+    auto type = arg.real_type();
+    if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+    if (type->kind() == c10::TypeKind::ScalarTypeType)
+      if (auto to = controlled(static_cast<c10::ScalarType>(v.toInt()), control))
+        return static_cast<int64_t>(*to);
+    return v;
+  }
   return map_tensors(v, [&](const at::Tensor& t) {
     if (!t.defined()) return t;
-    bool floated = as_float && suspect_dtype(t.scalar_type());
+    auto to = controlled(t.scalar_type(), control);
     if (t.device().type() != c10::DeviceType::PrivateUse1)
-      return floated && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.to(at::kFloat) : t.clone();
+      return to && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.to(*to) : t.clone();
     std::vector<int64_t> sizes;
     for (int64_t s : t.sizes()) sizes.push_back(std::min<int64_t>(s, 4));
-    at::Tensor r = at::empty(sizes, t.options().device(c10::kCPU).dtype(floated ? at::kFloat : t.scalar_type()));
+    at::Tensor r = at::empty(sizes, t.options().device(c10::kCPU).dtype(to ? *to : t.scalar_type()));
     r.fill_(r.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
     return r;
   });
 }
 
-torch::jit::Stack shrunk_stack(c10::ArrayRef<c10::IValue> args, double fill, bool as_float) {
+torch::jit::Stack shrunk_stack(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, double fill,
+                               Control control) {
   torch::jit::Stack stack;
-  for (const auto& v : args) stack.push_back(shrunk(v, fill, as_float));
+  for (size_t i = 0; i < args.size(); ++i) stack.push_back(shrunk(schema.arguments()[i], args[i], fill, control));
   return stack;
 }
 
-// A call too large to probe whole, with bool/integer/complex tensors: the
-// same call shrunk to at most 4 elements per dim fails alike with zeros and ones,
-// and the same with those tensors as float32 does not fail: the dtype is
-// what CPU's kernel refuses (bool addmv, integer softmax or avg_pool, ...),
-// at any size. Otherwise (a shrunk shape CPU rejects, data it rejects) the
-// call goes on unchecked, as before.
+// A call too large to probe whole: the same call shrunk to at most 4
+// elements per dim fails alike with zeros and ones, and its control (other
+// dtypes, above) does not fail: the dtype is what CPU's kernel refuses (bool
+// addmv, integer softmax or avg_pool, bitwise ops of floats, ...), at any
+// size. Otherwise (a shrunk shape CPU rejects, data it rejects) the call goes
+// on unchecked, as before.
 void check_dtypes_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  bool suspect = false;
+  bool suspect = false, halves = false;
   for_each_tensor(args, [&](const at::Tensor& t) {
-    suspect |= t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && suspect_dtype(t.scalar_type());
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return;
+    suspect |= suspect_dtype(t.scalar_type());
+    halves |= t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
   });
-  if (!suspect) return;
+  if (!suspect && halves) return;
+  Control control = suspect ? Control::ToFloat : Control::ToLong;
+  const auto& schema = op.schema();
   CpuError err;
-  if (call(op, shrunk_stack(args, 0.0, false), &err) != Outcome::Failed || beyond_cpu(op.schema(), err)) return;
-  if (!same_failure(op, shrunk_stack(args, 1.0, false), err)) return;
-  if (call(op, shrunk_stack(args, 1.0, true), nullptr) != Outcome::Ok &&
-      call(op, shrunk_stack(args, 0.0, true), nullptr) != Outcome::Ok)
+  if (call(op, shrunk_stack(schema, args, 0.0, Control::None), &err) != Outcome::Failed || beyond_cpu(schema, err))
     return;
-  raise(err, op_display_name(op.schema()), dtypes_of(args));
+  if (!same_failure(op, shrunk_stack(schema, args, 1.0, Control::None), err)) return;
+  if (call(op, shrunk_stack(schema, args, 1.0, control), nullptr) != Outcome::Ok &&
+      call(op, shrunk_stack(schema, args, 0.0, control), nullptr) != Outcome::Ok)
+    return;
+  raise(err, op_display_name(schema), dtypes_of(args));
 }
 
 }  // namespace
