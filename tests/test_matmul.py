@@ -263,3 +263,17 @@ def test_weight_int8pack_mm_shapes_cpu_kernel_crashes_on():
         s = torch.rand(n, generator=g).bfloat16()
         want = ((x.double() @ w.double().t()) * s.double()).bfloat16()
         assert_same(torch.ops.aten._weight_int8pack_mm(tpu(x), tpu(w), tpu(s)), want, rtol=1e-2, atol=1e-2)
+
+
+def test_compiled_boolean_products_do_not_abort():
+    # XLA's CPU dot emitter aborted the process on a boolean addmv (eager
+    # mode raises CPU's NotImplementedError before any program; a compiled
+    # graph asks CPU nothing): bool dots count in int32, true where any
+    # product is.
+    g = torch.Generator().manual_seed(0)
+    a, m, v = (torch.rand(s, generator=g) > 0.7 for s in [(100,), (100, 100), (100,)])
+    f = torch.compile(lambda a, m, v: torch.addmv(a, m, v), backend="tpu")
+    got = f(a.to("tpu"), m.to("tpu"), v.to("tpu")).cpu()
+    assert torch.equal(got, a | ((m.int() @ v.int()) > 0))
+    h = torch.compile(lambda x, y: torch.mm(x, y), backend="tpu")
+    assert torch.equal(h(m.to("tpu"), m.to("tpu")).cpu(), (m.int() @ m.int()) > 0)

@@ -442,6 +442,14 @@ Value Builder::reduce(const Value& x, const Value& init, const std::vector<int64
 Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
                            const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
                            const std::vector<int64_t>& contract_b, DType result_dtype) {
+  if (a.dtype() == DType::Bool || b.dtype() == DType::Bool) {
+    // XLA's CPU dot emitter aborts the process on some boolean dots (a bool
+    // addmv: "Check failed: addend_array_ == nullptr"): counted in int32, a
+    // bool result is "any product true".
+    Value n = dot_general(convert(a, DType::I32), convert(b, DType::I32), batch_a, batch_b, contract_a, contract_b,
+                          DType::I32);
+    return result_dtype == DType::Bool ? compare(Cmp::NE, n, zeros(n.type)) : convert(n, result_dtype);
+  }
   Shape out;
   for (auto d : batch_a) out.push_back(a.shape()[d]);
   auto free_dims = [&](const Value& v, const std::vector<int64_t>& batch,
