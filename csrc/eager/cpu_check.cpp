@@ -42,6 +42,11 @@ struct CpuError {
 
 enum class Outcome { Ok, Failed, Ignored };
 
+// A probe tensor filled with `fill` (its real part, for complex dtypes).
+at::Tensor& fill_probe(at::Tensor& t, double fill) {
+  return t.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
+}
+
 // The probe's copy of one argument: tpu tensors become CPU tensors of the same
 // dtype, shape (and dense layout) filled with `fill`.
 struct ProbeArgs {
@@ -62,7 +67,7 @@ struct ProbeArgs {
       if (!bytes.defined()) {
         int64_t n = static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
         bytes = at::empty({n}, t.options().device(c10::kCPU));
-        bytes.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
+        fill_probe(bytes, fill);
       }
       if (bytes.scalar_type() == t.scalar_type())
         return at::empty({0}, bytes.options()).set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
@@ -73,8 +78,7 @@ struct ProbeArgs {
     at::TensorOptions cpu = t.options().device(c10::kCPU);
     at::Tensor r = t.is_non_overlapping_and_dense() ? at::empty_strided(t.sizes(), t.strides(), cpu)
                                                      : at::empty(t.sizes(), cpu);
-    r.fill_(t.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
-    return r;
+    return fill_probe(r, fill);
   }
   c10::IValue operator()(const c10::IValue& v) const {
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
@@ -334,8 +338,7 @@ c10::IValue shrunk(const c10::Argument& arg, const c10::IValue& v, double fill, 
     std::vector<int64_t> sizes;
     for (int64_t s : t.sizes()) sizes.push_back(std::min<int64_t>(s, 4));
     at::Tensor r = at::empty(sizes, t.options().device(c10::kCPU).dtype(to ? *to : t.scalar_type()));
-    r.fill_(r.is_complex() ? c10::Scalar(c10::complex<double>(fill, 0)) : c10::Scalar(fill));
-    return r;
+    return fill_probe(r, fill);
   });
 }
 

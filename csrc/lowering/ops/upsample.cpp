@@ -270,13 +270,11 @@ std::vector<Value> weights(Builder& b, const Taps& t, const TensorType& like, in
   return ws;
 }
 
-// Windows wider than this (an antialiased downscale by more than ~2x for
-// bicubic, ~3.5x for bilinear) take every tap in one gather, weighted and
-// summed over a taps dim: the program stays the same size for any width (a
-// 20,000 -> 2 resize, one op per tap, did not compile in 6 minutes). XLA's
-// sum order there is not CPU's sequential one: float rounding apart.
-constexpr size_t kUnrolledTaps = 8;
-
+// Antialiased windows (as wide as the downscale: a 20,000 -> 2 resize has
+// 20,001 taps) take every tap in one gather, weighted and summed over a taps
+// dim, so the program's size does not grow with the width (an op per tap
+// did not compile in 6 minutes at that width). Padding taps are masked out;
+// XLA's sum order is not CPU's sequential one: float rounding apart.
 // The taps of dim d as a [.., out, K, ..] layout: flat gather indices, the
 // weights (rounded to `round_to` as weights() does) and the mask of the taps
 // each output adds, broadcast to `split`.
@@ -338,22 +336,6 @@ Taps taps_for(const Spec& sp, DType dt, int64_t in, int64_t out, bool align, std
                           : compute_taps<float>(sp.kind, in, out, align, scale, backward);
 }
 
-// Where output o along dim d of `like` has tap k (antialiased windows), as a
-// bool mask; none when every output has it.
-std::optional<Value> tap_mask(Builder& b, const Taps& t, size_t k, const TensorType& like, int64_t d,
-                              bool first_always) {
-  if (t.size.empty() || (first_always && k == 0)) return std::nullopt;
-  std::vector<int64_t> has(t.size.size());
-  bool all = true;
-  for (size_t o = 0; o < t.size.size(); ++o) {
-    has[o] = static_cast<int64_t>(k) < t.size[o];
-    all &= has[o] != 0;
-  }
-  if (all) return std::nullopt;
-  Value m = b.convert(const_vector(b, has, DType::I64), DType::Bool);
-  return b.broadcast_in_dim(m, like.shape, {d});
-}
-
 // The dtypes CPU's kernels implement: floating types (float32/float64 only
 // antialiased), and uint8 images for nearest and the 2-d bilinear/bicubic;
 // for the rest CPU's NotImplementedError.
@@ -398,23 +380,20 @@ std::vector<Value> upsample(LoweringContext& ctx, Spec sp) {
       x = take(b, x, t.idx[0], d);
       continue;
     }
-    Value y;
-    if (t.idx.size() > kUnrolledTaps) {
+    if (antialiased(sp.kind)) {
       WideTaps wt = wide_taps(b, t, x.shape(), d, x.dtype(), weight_dt, /*first_always=*/true);
       Value g = b.reshape(take(b, x, wt.idx, d), wt.split);
       Value terms = b.select(wt.mask, b.binary("multiply", g, wt.w), b.zeros(g.type));
       x = b.reduce(terms, b.constant(0.0, x.dtype()), {d + 1}, "stablehlo.add");
-      continue;  // (float inputs only: antialiased)
+      continue;
     }
     Shape gathered = x.shape();
     gathered[d] = out.shape[d];
     auto ws = weights(b, t, TensorType{x.dtype(), gathered}, d, weight_dt);
+    Value y;
     for (size_t k = 0; k < t.idx.size(); ++k) {
       Value term = b.binary("multiply", take(b, x, t.idx[k], d), ws[k]);
-      Value sum = k == 0 ? term : b.binary("add", y, term);
-      // (The CPU kernel always computes an antialiased window's first term.)
-      auto mask = tap_mask(b, t, k, sum.type, d, /*first_always=*/true);
-      y = mask ? b.select(*mask, sum, y) : sum;
+      y = k == 0 ? term : b.binary("add", y, term);
     }
     if (integral) {
       auto [lo, hi] = integer_range(in_dt);
@@ -442,7 +421,7 @@ std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
     int64_t d = g.rank() - sp.nd + i;
     int64_t n_in = in_size[in_size.size() - sp.nd + i];
     Taps t = taps_for(sp, dt, n_in, g.shape()[d], align, scales[i], true);
-    if (t.idx.size() > kUnrolledTaps) {
+    if (antialiased(sp.kind)) {
       WideTaps wt = wide_taps(b, t, g.shape(), d, g.dtype(), g.dtype(), /*first_always=*/false);
       std::vector<int64_t> dims;
       for (int64_t j = 0; j < g.rank() + 1; ++j)
@@ -458,9 +437,7 @@ std::vector<Value> upsample_backward(LoweringContext& ctx, Spec sp) {
     std::vector<int64_t> idx;
     auto ws = t.w.empty() ? std::vector<Value>{} : weights(b, t, g.type, d, g.dtype());
     for (size_t k = 0; k < t.idx.size(); ++k) {
-      Value part = ws.empty() ? g : b.binary("multiply", g, ws[k]);
-      auto mask = tap_mask(b, t, k, part.type, d, /*first_always=*/false);
-      parts.push_back(mask ? b.select(*mask, part, b.zeros(part.type)) : part);
+      parts.push_back(ws.empty() ? g : b.binary("multiply", g, ws[k]));
       idx.insert(idx.end(), t.idx[k].begin(), t.idx[k].end());
     }
     g = scatter_add(b, parts.size() == 1 ? parts[0] : b.concatenate(parts, d), idx, d, n_in);
