@@ -615,6 +615,50 @@ def test_dynamic_true_compiles_per_concrete_size():
     assert d["dynamo_graphs"] == 1 and d["compiled_graphs"] == 3
 
 
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+
+def test_an_int_only_the_host_reads_compiles_one_program():
+    # A Python int attribute Dynamo makes a SymInt input after its first
+    # recompile (transformers' sliding-window StaticCache counts its length
+    # so): read only by `n + 1`, which the host computes, it keeps one
+    # executable for every value instead of one per decoded token.
+    def step(x, c):
+        c.n += 1
+        return x * 2 + 1, c.n * 3
+    f = torch.compile(step, backend="tpu")
+    x, c = make((4,)), _Counter()
+    before = counters()
+    for i in range(1, 13):
+        y, k = f(tpu(x), c)
+        assert_same(y, x * 2 + 1)
+        assert k == 3 * i and c.n == i
+    d = delta(before)
+    assert d["dynamo_graphs"] == 2 and d["compiled_graphs"] == 2 and d["graph_recompiles"] == 0
+
+
+@pytest.mark.parametrize("use", ["value", "shape", "returned"])
+def test_an_int_the_program_reads_keeps_its_value(use):
+    # The same counter read by the device program (as a tensor value or a
+    # size) or returned as it is: each value is a program of its own, and
+    # right.
+    def step(x, c):
+        c.n += 1
+        if use == "value":
+            return x * c.n
+        if use == "shape":
+            return x.sum() + torch.ones(c.n, device=x.device).sum()
+        return x + 1, c.n
+    f = torch.compile(step, backend="tpu")
+    x, c = make((4,)), _Counter()
+    for i in range(1, 6):
+        out = f(tpu(x), c)
+        want = x * i if use == "value" else x.sum() + i if use == "shape" else (x + 1, i)
+        assert_same(out, want)
+
+
 def test_a_python_float_from_a_dynamic_size_stays_in_the_program():
     # AOTAutograd turns `2.0 / n` (n a symbolic size) into a tensor op after
     # its own decomposition: aten.true_divide, composite, which the walk

@@ -135,18 +135,18 @@ def test_hf_bert_with_gradient_checkpointing_trains_compiled_as_eager():
 
 
 # Random ops of other kinds in a checkpointed region: lowered (rand, randint,
-# randn_like), drawn eagerly with a device= argument only (randperm: it
-# crashed, PyTorch's dispatch of the random state looking for tensors), or
-# on the CPU (poisson, randperm: the CPU fallback seeds its generator from
-# the forced key, else the recomputation drew other numbers). Each backward
-# must use the forward's draw: the gradient is known from the output.
+# randn_like, randperm), drawn eagerly with a device= argument only (randperm:
+# it crashed, PyTorch's dispatch of the random state looking for tensors), or
+# on the CPU (poisson: the CPU fallback seeds its generator from the forced
+# key, else the recomputation drew other numbers). Each backward must use the
+# forward's draw: the gradient is known from the output.
 REGIONS = {
     "rand": (lambda x: x * torch.rand(x.shape, device=x.device), lambda x, out: out / x),
     "randint": (lambda x: x * torch.randint(1, 5, x.shape, device=x.device), lambda x, out: out / x),
     "randn_like": (lambda x: x * torch.randn_like(x), lambda x, out: out / x),
     "poisson (CPU)": (lambda x: x * torch.poisson(torch.full_like(x, 2.0)), lambda x, out: out / x),
-    "randperm (CPU)": (lambda x: x * torch.randperm(x.numel(), device=x.device).reshape(x.shape).float(),
-                       lambda x, out: out / x),
+    "randperm": (lambda x: x * torch.randperm(x.numel(), device=x.device).reshape(x.shape).float(),
+                 lambda x, out: out / x),
 }
 
 

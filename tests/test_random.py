@@ -432,7 +432,6 @@ FALLBACK_RANDOM = {
     "poisson": lambda d, g: torch.poisson(torch.full((64,), 3.0, device=d), generator=g),
     "binomial": lambda d, g: torch.binomial(torch.full((64,), 9.0, device=d),
                                             torch.full((64,), 0.4, device=d), generator=g),
-    "randperm": lambda d, g: torch.randperm(50, device=d, generator=g),
 }
 
 
@@ -451,7 +450,7 @@ def test_fallback_random_op_takes_a_tpu_generator(name):
     assert torch.equal(call("tpu", g).cpu(), first)
 
 
-@pytest.mark.parametrize("name", ["poisson", "randperm"])
+@pytest.mark.parametrize("name", ["poisson"])
 def test_fallback_random_op_follows_tpu_manual_seed(name):
     call = FALLBACK_RANDOM[name]
     torch.tpu.manual_seed(5)
@@ -459,6 +458,49 @@ def test_fallback_random_op_follows_tpu_manual_seed(name):
     torch.manual_seed(123)  # CPU's generator alone is reseeded; tpu's keeps its place
     torch.tpu.manual_seed(5)
     assert torch.equal(call("tpu", None).cpu(), a)
+
+
+@pytest.mark.parametrize("n,dtype", [(0, torch.int64), (1, torch.int64), (50, torch.int64), (256, torch.uint8),
+                                     (1000, torch.float32), (5000, torch.int32), (70000, torch.int64),
+                                     (40, torch.bfloat16)])
+def test_randperm_draws_a_permutation_on_the_device(n, dtype, no_cpu_fallback):
+    # Lowered (it ran on the CPU fallback, warning, and cut compiled graphs:
+    # transformers' watermarking draws one per token).
+    torch.tpu.manual_seed(7)
+    p = torch.randperm(n, dtype=dtype, device="tpu").cpu()
+    assert p.dtype == dtype and p.shape == (n,)
+    assert torch.equal(p.double().sort().values, torch.arange(n, dtype=torch.float64))
+    if n >= 50:
+        assert not torch.equal(p, torch.arange(n, dtype=dtype))
+
+
+def test_randperm_follows_seeds_generators_and_out(no_cpu_fallback):
+    g = torch.Generator(device="tpu").manual_seed(3)
+    a, b = (torch.randperm(64, generator=g, device="tpu").cpu() for _ in range(2))
+    g.manual_seed(3)
+    assert torch.equal(torch.randperm(64, generator=g, device="tpu").cpu(), a) and not torch.equal(a, b)
+    torch.tpu.manual_seed(5)
+    c = torch.randperm(64, device="tpu").cpu()
+    torch.tpu.manual_seed(5)
+    assert torch.equal(torch.randperm(64, device="tpu").cpu(), c)
+    out = torch.empty(0, dtype=torch.int64, device="tpu")
+    assert torch.randperm(9, out=out) is out and torch.equal(out.cpu().sort().values, torch.arange(9))
+    # Each of 5 values first equally often: 4,000 draws, chi-square with 4
+    # degrees of freedom below 18.5 (p = 0.001; the draws are seeded).
+    torch.tpu.manual_seed(0)
+    firsts = torch.stack([torch.randperm(5, device="tpu")[0] for _ in range(4000)]).cpu()
+    counts = torch.bincount(firsts, minlength=5).double()
+    assert ((counts - 800) ** 2 / 800).sum() < 18.5, counts
+
+
+def test_randperm_errors_as_cpu():
+    with pytest.raises(NotImplementedError, match="\"randperm\" not implemented for 'Bool'"):
+        torch.randperm(3, dtype=torch.bool, device="tpu")
+    for n, dtype in [(300, torch.uint8), (5000, torch.int8)]:
+        with pytest.raises(RuntimeError):
+            torch.randperm(n, dtype=dtype, device="tpu").cpu()
+    with pytest.raises(RuntimeError, match="negative dimension"):
+        torch.randperm(-1, device="tpu")
 
 
 def test_lowered_random_ops_take_a_tpu_generator():
@@ -506,7 +548,8 @@ def test_a_cpu_generator_on_a_tpu_op_is_refused_lowered_or_not():
 
 def test_a_tpu_generator_on_a_cpu_op_gives_cpus_error():
     g = torch.Generator(device="tpu").manual_seed(0)
-    for call in (lambda: torch.poisson(torch.ones(3), generator=g), lambda: torch.randperm(5, generator=g)):
+    for call in (lambda: torch.poisson(torch.ones(3), generator=g), lambda: torch.randperm(5, generator=g),
+                 lambda: torch.rand(5, generator=g), lambda: torch.zeros(3).normal_(generator=g)):
         with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'tpu'"):
             call()
 

@@ -129,9 +129,38 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
   inst.put(static_cast<int64_t>(storage));
 }
 
+// A tpu generator passed to a call on CPU tensors (torch.randperm(5,
+// generator=g) dispatches here for the generator's key).
+bool tpu_generator_on_cpu_call(c10::ArrayRef<c10::IValue> args) {
+  bool generator = false;
+  for (const c10::IValue& v : args) {
+    if (v.isGenerator() && v.toGenerator().defined())
+      generator |= v.toGenerator().device().type() == c10::DeviceType::PrivateUse1;
+    else if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1)
+      return false;
+    else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1)
+      return false;
+  }
+  return generator;
+}
+
+void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args);
+
 }  // namespace
 
 void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  try {
+    describe_args(inst, schema, args);
+  } catch (const c10::Error&) {
+    // CPU's message (CPU kernels take CPU generators) over the device mismatch.
+    TORCH_CHECK(!tpu_generator_on_cpu_call(args), "Expected a 'cpu' device type for generator but found 'tpu'");
+    throw;
+  }
+}
+
+namespace {
+
+void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   // The operator, by its schema's address (unique and fixed in the process;
   // these keys never leave it): no string per call.
   inst.put(static_cast<int64_t>(reinterpret_cast<intptr_t>(&schema)));
@@ -211,4 +240,5 @@ void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef
   }
 }
 
+}  // namespace
 }  // namespace torch_pjrt::eager

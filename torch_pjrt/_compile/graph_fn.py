@@ -20,12 +20,51 @@ from .partition import partition
 _warned_ops = set()
 
 
-def _signature(args):
+def _signature(args, host_only=()):
     # Shapes, dtypes and devices (not strides: the program reads any layout,
-    # and view ops' values do not depend on it); host values by value; and
-    # whether value checks are on (programs with and without them differ).
-    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-                 for a in args) + (("checks", _state.C.checks_enabled()),)
+    # and view ops' values do not depend on it); host values by value, except
+    # those only the host reads (`host_only`); and whether value checks are on
+    # (programs with and without them differ).
+    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                 else (type(a), None if i in host_only else a)
+                 for i, a in enumerate(args)) + (("checks", _state.C.checks_enabled()),)
+
+
+def _is_scalar(n):
+    return not isinstance(n.meta.get("val"), torch.Tensor) and "val" in n.meta
+
+
+def _host_only_inputs(gm):
+    """Positions of the scalar inputs (ints Dynamo made SymInts, e.g. a cache's
+    position counter) that only scalar arithmetic reads, ending in the graph's
+    outputs: the host part computes those per call (split_host), so the
+    program does not depend on their values and one executable serves all."""
+    nodes = list(gm.graph.nodes)
+    output = nodes[-1]
+    scalar = set()  # nodes computed from scalars alone: on the host for any input devices
+    for n in nodes:
+        if n.op == "placeholder" and _is_scalar(n):
+            scalar.add(n)
+        elif n.op == "call_function" and _is_scalar(n) and n.all_input_nodes and \
+                all(i in scalar for i in n.all_input_nodes):
+            scalar.add(n)
+    direct = set(output.all_input_nodes)
+    host_only = set()
+    for k, p in enumerate(n for n in nodes if n.op == "placeholder"):
+        if p not in scalar or p in direct:  # returned as is: the template would keep its value
+            continue
+        stack, seen = list(p.users), set()
+        while stack:
+            u = stack.pop()
+            if u is output or u in seen:
+                continue
+            if u not in scalar:
+                break
+            seen.add(u)
+            stack.extend(u.users)
+        else:
+            host_only.add(k)
+    return host_only
 
 
 def _describe_change(old, new, names):
@@ -132,6 +171,7 @@ class CompiledGraphFn:
         self.last_signature = None
         self.constants = _lift_tensor_constants(gm)
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        self.host_only = _host_only_inputs(gm)
 
     def __call__(self, *args):
         # Boxed (one list, which we clear to free inputs early) or, when a
@@ -140,7 +180,7 @@ class CompiledGraphFn:
         args.extend(self.constants)
         if capture.active() is not None:
             return self._capture(args)
-        sig = _signature(args)
+        sig = _signature(args, self.host_only)
         candidates = self.entries.get(sig)
         if not candidates:
             candidates = self.entries[sig] = [self._compile(args, sig)]

@@ -347,8 +347,25 @@ std::vector<Value> multinomial(LoweringContext& ctx) {
   return {b.reshape(idx, out.shape)};
 }
 
+// randperm(n): 0..n-1 ordered by 64-bit random keys (ties, which would keep
+// index order, have probability about n^2 / 2^65).
+std::vector<Value> randperm(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  int64_t n = ctx.to_int("n", 0);
+  if (is_complex(out.dtype) || out.dtype == DType::Bool) ctx.kernel_not_implemented("randperm", out.dtype);
+  if (!is_float(out.dtype) && n > 0 && double(n - 1) > bounds(out.dtype).second)  // CPU converts n - 1
+    ctx.fail(std::string("randperm: n = ") + std::to_string(n) + " is too large for dtype " +
+             scalar_type_name(out.dtype) + " (value cannot be converted without overflow)");
+  if (n == 0) return {b.zeros(out)};
+  Value keys = random_bits(ctx, n, DType::I64);
+  Value order = sort_with_indices(b, keys, 0, false).second;
+  return {b.reshape(b.convert(order, out.dtype), out.shape)};
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("randperm", randperm, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("uniform", uniform, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("multinomial", multinomial, /*needs_rng=*/true);
 TORCH_PJRT_LOWERING("normal", normal, /*needs_rng=*/true);
