@@ -230,6 +230,23 @@ def test_fused_bad_input():
         fused(tpu(make((L, E))), tpu(make((S, E))), tpu(make((S, E))))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sdpa_mask_that_does_not_broadcast_raises_cpus_error(compiled):
+    # A decoder step's mask for 8 positions against a 42-slot cache (a plain
+    # StaticCache given to Bart): CPU's broadcast error, not the builder's.
+    q, kv = make((1, 4, 1, 8)), make((1, 4, 42, 8))
+    mask = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu_err:
+        F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+    fn = F.scaled_dot_product_attention
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, backend="tpu")
+    with pytest.raises(RuntimeError, match="size of tensor a \\(42\\) must match the size of tensor b \\(8\\)"):
+        fn(tpu(q), tpu(kv), tpu(kv), attn_mask=tpu(mask)).cpu()
+    assert "size of tensor a (42) must match the size of tensor b (8)" in str(cpu_err.value)
+
+
 def test_sdpa_takes_the_fused_lowering_for_4d_inputs(metrics_delta):
     # _fused_sdp_choice on tpu picks "overrideable": forward and backward are one program each.
     q = torch.randn(2, 2, 8, 4, device="tpu", requires_grad=True)

@@ -99,6 +99,16 @@ Attn attention_probs(LoweringContext& ctx) {
   }
   if (ctx.has("attn_bias")) {
     Value bias = ctx.tensor("attn_bias");
+    // The op's Meta function does not check the mask's shape: CPU's math
+    // path's error (scores + mask), not the builder's.
+    const Shape &ss = s.shape(), &bs = bias.shape();
+    if (bs.size() > ss.size()) ctx.fail("attn_mask has more dims than the attention scores");
+    for (size_t i = 1; i <= bs.size(); ++i) {
+      int64_t sa = ss[ss.size() - i], sb = bs[bs.size() - i];
+      if (sb != 1 && sb != sa)
+        ctx.fail("The size of tensor a (" + std::to_string(sa) + ") must match the size of tensor b (" +
+                 std::to_string(sb) + ") at non-singleton dimension " + std::to_string(ss.size() - i));
+    }
     TensorType bt{acc, bias.shape()};
     bias = bias.dtype() == DType::Bool ? b.select(bias, b.zeros(bt), b.splat(Scalar::from_float(-kInf), bt))
                                        : b.convert(bias, acc);
