@@ -29,7 +29,7 @@ def _tpu_index(args, kwargs):
 
 @contextlib.contextmanager
 def _forced(key):
-    # (Ops that run through the CPU fallback, randperm, poisson, rrelu's
+    # (Ops that run through the CPU fallback, poisson, rrelu's
     # noise, draw from a CPU generator seeded from the forced key then.)
     _state.C.force_rng_key(key)
     try:
