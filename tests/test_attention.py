@@ -247,6 +247,25 @@ def test_sdpa_mask_that_does_not_broadcast_raises_cpus_error(compiled):
     assert "size of tensor a (42) must match the size of tensor b (8)" in str(cpu_err.value)
 
 
+def test_sdpa_broadcasts_batches_and_rejects_mismatched_widths_as_cpu():
+    # The fused op's Meta checks no sizes: batches that broadcast and widths
+    # that differ take the math path, which broadcasts and raises as CPU
+    # (the fused lowering raised, or the XLA compile failed).
+    q, kv = make((2, 4, 3, 8)), make((1, 4, 5, 8), seed=1)
+    qt, kvt = tpu(q).requires_grad_(), tpu(kv).requires_grad_()
+    out = F.scaled_dot_product_attention(qt, kvt, kvt)
+    q.requires_grad_(), kv.requires_grad_()
+    want = F.scaled_dot_product_attention(q, kv, kv)
+    assert_same(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    assert_same(qt.grad, q.grad)
+    assert_same(kvt.grad, kv.grad)
+    k6 = make((1, 4, 5, 6))
+    with pytest.raises(RuntimeError, match="batch2 tensor to be: \\[4, 8\\] but got: \\[4, 6\\]"):
+        F.scaled_dot_product_attention(tpu(make((1, 4, 3, 8))), tpu(k6), tpu(kv)).cpu()
+
+
 def test_sdpa_takes_the_fused_lowering_for_4d_inputs(metrics_delta):
     # _fused_sdp_choice on tpu picks "overrideable": forward and backward are one program each.
     q = torch.randn(2, 2, 8, 4, device="tpu", requires_grad=True)

@@ -22,10 +22,15 @@ int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const 
   bool fused = at::globalContext().userEnabledOverrideableSDP() && !batched && !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
                at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
                v.scalar_type() == q.scalar_type() && !(is_causal && mask.has_value() && mask->defined());
-  // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only.) Symbolic
-  // sizes under torch.compile: compare the head counts alone; size() would
-  // specialize every dim, sequence length included, to this call's value.
-  if (fused) fused = q.sym_size(1) == k.sym_size(1) && k.sym_size(1) == v.sym_size(1);
+  // (The op's Meta kernel takes 4-d [batch, heads, seq, dim] only, and checks
+  // none of the sizes below.) Symbolic sizes under torch.compile: compare
+  // sizes with each other (an equality guard); size() would specialize every
+  // dim, sequence length included, to this call's value. Batches that
+  // broadcast, and mismatched key/value lengths or query/key widths, take the
+  // math path: PyTorch's broadcasting and its errors.
+  if (fused)
+    fused = q.sym_size(1) == k.sym_size(1) && k.sym_size(1) == v.sym_size(1) && q.sym_size(0) == k.sym_size(0) &&
+            k.sym_size(0) == v.sym_size(0) && k.sym_size(2) == v.sym_size(2) && q.sym_size(3) == k.sym_size(3);
   return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
 }
 
