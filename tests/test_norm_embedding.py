@@ -351,3 +351,15 @@ def test_weight_norm(dim, dtype, no_cpu_fallback):
     module = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3), dim=dim)
     randomize(module, dtype)
     run_module(module.to(dtype), make((2, 4, 7), dtype))
+
+
+@pytest.mark.parametrize("arg", ["weight", "bias", "running_mean", "running_var"])
+def test_batch_norm_aten_op_with_a_wrong_sized_channel_tensor_names_it(arg):
+    # The aten op's Meta kernel checks no per-channel sizes (CPU's kernel reads
+    # what it finds): the lowering names the tensor instead of a builder error.
+    args = {"weight": torch.ones(3), "bias": torch.zeros(3), "running_mean": torch.zeros(3),
+            "running_var": torch.ones(3)}
+    args[arg] = torch.ones(4)
+    x = tpu(make((2, 3, 4)))
+    with pytest.raises(RuntimeError, match=f"{arg} should contain 3 elements"):
+        torch.ops.aten._native_batch_norm_legit(x, *(tpu(args[k]) for k in args), True, 0.1, 1e-5)[0].cpu()

@@ -30,9 +30,20 @@ Value channel_sum(Builder& b, const Value& x) {
   return b.reduce(x, b.constant(0.0, x.dtype()), reduce_dims(x.rank()), "stablehlo.add");
 }
 
+// A [C] per-channel tensor argument in `acc`. The aten op's Meta kernel does
+// not check its size (CPU's kernel reads what it finds; torch.batch_norm
+// checks first, with this message).
+Value channel_tensor(LoweringContext& ctx, const std::string& name, DType acc, int64_t c) {
+  const Value& v = ctx.tensor(name);
+  if (v.rank() != 1 || v.shape()[0] != c)
+    ctx.fail(name + " should contain " + std::to_string(c) + " elements (a 1-d tensor), not " +
+             std::to_string(v.type.numel()) + " in " + std::to_string(v.rank()) + " dims");
+  return ctx.b.convert(v, acc);
+}
+
 // A [C] optional parameter in `acc`, or `dflt` when absent.
 Value param_or(LoweringContext& ctx, const std::string& name, DType acc, int64_t c, double dflt) {
-  if (ctx.has(name)) return ctx.b.convert(ctx.tensor(name), acc);
+  if (ctx.has(name)) return channel_tensor(ctx, name, acc, c);
   return ctx.b.splat(Scalar::from_float(dflt), TensorType{acc, {c}});
 }
 
@@ -69,7 +80,7 @@ std::vector<Value> native_batch_norm(LoweringContext& ctx) {
     auto blend = [&](const std::string& name, const Value& stat) {
       const Value& old = ctx.tensor(name);
       Value v = b.binary("add", b.binary("multiply", momentum, stat),
-                         b.binary("multiply", keep, b.convert(old, acc)));
+                         b.binary("multiply", keep, channel_tensor(ctx, name, acc, c)));
       ctx.mutate(name, b.convert(v, old.dtype()));
     };
     if (ctx.has("running_mean")) blend("running_mean", mean);
@@ -79,8 +90,8 @@ std::vector<Value> native_batch_norm(LoweringContext& ctx) {
     }
   } else {
     // The Meta kernel has already rejected eval mode without running stats.
-    mean = b.convert(ctx.tensor("running_mean"), acc);
-    invstd = b.unary("rsqrt", b.binary("add", b.convert(ctx.tensor("running_var"), acc), eps));
+    mean = channel_tensor(ctx, "running_mean", acc, c);
+    invstd = b.unary("rsqrt", b.binary("add", channel_tensor(ctx, "running_var", acc, c), eps));
   }
   // out = x * alpha + beta with alpha = invstd * w, beta = b - mean * alpha, as on CPU.
   Value alpha = b.binary("multiply", invstd, param_or(ctx, "weight", acc, c, 1.0));
@@ -102,12 +113,12 @@ std::vector<Value> native_batch_norm_backward(LoweringContext& ctx) {
   bool train = ctx.to_bool("train", false);
   Value mean, invstd;
   if (train) {
-    mean = b.convert(ctx.tensor("save_mean"), acc);
-    invstd = b.convert(ctx.tensor("save_invstd"), acc);
+    mean = channel_tensor(ctx, "save_mean", acc, c);
+    invstd = channel_tensor(ctx, "save_invstd", acc, c);
   } else {
-    mean = b.convert(ctx.tensor("running_mean"), acc);
+    mean = channel_tensor(ctx, "running_mean", acc, c);
     Value eps = b.broadcast_to(ctx.operand("eps", acc), {c});
-    invstd = b.unary("rsqrt", b.binary("add", b.convert(ctx.tensor("running_var"), acc), eps));
+    invstd = b.unary("rsqrt", b.binary("add", channel_tensor(ctx, "running_var", acc, c), eps));
   }
   Value w = param_or(ctx, "weight", acc, c, 1.0);
   Value sum = channel_sum(b, dy);
