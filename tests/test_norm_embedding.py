@@ -363,3 +363,9 @@ def test_batch_norm_aten_op_with_a_wrong_sized_channel_tensor_names_it(arg):
     x = tpu(make((2, 3, 4)))
     with pytest.raises(RuntimeError, match=f"{arg} should contain 3 elements"):
         torch.ops.aten._native_batch_norm_legit(x, *(tpu(args[k]) for k in args), True, 0.1, 1e-5)[0].cpu()
+
+
+def test_weight_norm_op_with_a_wrong_sized_g_names_it():
+    # (CPU's kernel reads past g; the op's Meta checks nothing; XLA's compile failed.)
+    with pytest.raises(RuntimeError, match="g should have 3 elements"):
+        torch._weight_norm(tpu(make((3, 4))), tpu(make((2, 1))), 0).cpu()

@@ -57,6 +57,16 @@ WeightNorm weight_norm_dims(LoweringContext& ctx, const Value& v) {
   return w;
 }
 
+// g (or a saved per-slice tensor) read in w.kept's shape: its element count
+// must be v's size at `dim` (the op's Meta kernel does not check it).
+Value kept_tensor(LoweringContext& ctx, const std::string& name, const WeightNorm& w) {
+  const Value& t = ctx.tensor(name);
+  if (t.type.numel() != lowering::numel(w.kept))
+    ctx.fail("weight_norm: " + name + " should have " + std::to_string(lowering::numel(w.kept)) +
+             " elements (v's size at dim), got " + std::to_string(t.type.numel()));
+  return ctx.b.reshape(ctx.b.convert(t, w.acc), w.kept);
+}
+
 Value sum_kept(Builder& b, const Value& x, const WeightNorm& w) {
   return b.reshape(b.reduce(x, b.constant(0.0, w.acc), w.dims, "stablehlo.add"), w.kept);
 }
@@ -68,7 +78,7 @@ std::vector<Value> weight_norm_interface(LoweringContext& ctx) {
   WeightNorm w = weight_norm_dims(ctx, v0);
   Value v = b.convert(v0, w.acc);
   Value norm = b.unary("sqrt", sum_kept(b, b.binary("multiply", v, v), w));
-  Value g = b.reshape(b.convert(ctx.tensor("g"), w.acc), w.kept);
+  Value g = kept_tensor(ctx, "g", w);
   Value out = b.binary("multiply", v, b.broadcast_to(b.binary("divide", g, norm), v.shape()));
   return {b.convert(out, ctx.out(0).dtype), b.reshape(b.convert(norm, ctx.out(1).dtype), ctx.out(1).shape)};
 }
@@ -82,8 +92,8 @@ std::vector<Value> weight_norm_interface_backward(LoweringContext& ctx) {
   WeightNorm w = weight_norm_dims(ctx, v0);
   Value v = b.convert(v0, w.acc);
   Value gw = b.convert(ctx.tensor("grad_w"), w.acc);
-  Value g = b.reshape(b.convert(ctx.tensor("saved_g"), w.acc), w.kept);
-  Value norm = b.reshape(b.convert(ctx.tensor("saved_norms"), w.acc), w.kept);
+  Value g = kept_tensor(ctx, "saved_g", w);
+  Value norm = kept_tensor(ctx, "saved_norms", w);
   Value grad_g = b.binary("divide", sum_kept(b, b.binary("multiply", gw, v), w), norm);
   Value shift = b.binary("multiply", v, b.broadcast_to(b.binary("divide", grad_g, norm), v.shape()));
   Value grad_v = b.binary("multiply", b.broadcast_to(b.binary("divide", g, norm), v.shape()),
