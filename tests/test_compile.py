@@ -230,6 +230,26 @@ def test_view_inputs_are_read_in_the_program():
         assert_same(cf(view), expected)
 
 
+def test_a_one_element_view_input_compiles_once_for_any_storage_size():
+    # A diffusers UNet gets t = timesteps[i], a 0-d view of a schedule whose
+    # length is num_inference_steps: read in place, the program held for
+    # that storage's size only (a recompile per step count). Copied out, one
+    # program serves all; written in place, the write reaches the storage.
+    def f(x, t):
+        t.add_(1)
+        return x * t
+    cf = torch.compile(f, backend="tpu")
+    x = make((2, 3))
+    before = counters()
+    for n in (4, 7, 20, 4):
+        steps, ref = tpu(torch.linspace(9, 0, n)), torch.linspace(9, 0, n)
+        for i in (0, n // 2, n - 1):
+            assert_same(cf(tpu(x), steps[i]), f(x, ref[i]))
+        assert_same(steps, ref)
+    d = delta(before)
+    assert d["compiled_graphs"] == 1 and d["graph_recompiles"] == 0, d
+
+
 def test_graph_break_runs_rest_eagerly():
     def f(x):
         y = x.relu() * 2
@@ -885,6 +905,7 @@ def test_native_batch_norm_with_out_compiles_and_updates_the_running_stats():
     (lambda t: torch.as_strided(t, (2, 2), (1, 2)) + 0, lambda b: b[::2]),
     (lambda t: torch.as_strided_copy(t, (3,), (3,)) * 2, lambda b: b[::2]),
     (lambda t: torch.as_strided(t, (4,), (1,)) + 1, lambda b: b[4:6]),
+    (lambda t: torch.as_strided(t, (3,), (2,)) * 3, lambda b: b[5]),  # one element: in place too
 ])
 def test_as_strided_of_a_view_input_reads_its_storage(f, view):
     """as_strided of an input that is a view may read storage elements outside

@@ -101,6 +101,30 @@ def _attr(module, target):
     return module
 
 
+_AS_STRIDED = {"as_strided", "as_strided_copy", "as_strided_scatter", "as_strided_"}
+
+
+def _reads_storage(gm):
+    """Per placeholder: whether an as_strided op depends on it, which may
+    read its storage beyond the view (True where its fake is unknown)."""
+    flags = []
+    for p in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        if not isinstance(p.meta.get("val"), torch.Tensor):
+            flags.append(True)
+            continue
+        stack, seen, found = list(p.users), set(), False
+        while stack and not found:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            found = getattr(u.target, "__name__", "").split(".")[0] in _AS_STRIDED or \
+                getattr(getattr(u.target, "_schema", None), "name", "").split("::")[-1] in _AS_STRIDED
+            stack.extend(u.users)
+        flags.append(found)
+    return flags
+
+
 def _strided(t):
     return (list(t.shape), list(t.stride()), t.storage_offset())
 
@@ -566,11 +590,16 @@ def lower_graph(gm, args, host_part=None):
     ids = dict(zip((k for k, _ in cpu), w.prog.cpu_inputs(cpu)))
     inputs = []
     k = 0
-    for a in args:
+    reads_storage = _reads_storage(gm)
+    for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             if k in ids:
                 vid = ids[k]
-            elif _state.C.covers_storage(a):
+            elif _state.C.covers_storage(a) or (a.numel() <= 1 and not reads_storage[i]):
+                # (A one-element view is copied out per call: read in place,
+                # the program would hold for its storage's size only, and a
+                # diffusers timestep, timesteps[i], would compile the UNet
+                # again for every num_inference_steps.)
                 vid = w.prog.input(k, _type(a))
             else:
                 vid = w.prog.input_view(k, a)  # read in the program: no copy first
