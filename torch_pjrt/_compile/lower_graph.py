@@ -106,7 +106,8 @@ _AS_STRIDED = {"as_strided", "as_strided_copy", "as_strided_scatter", "as_stride
 
 def _reads_storage(gm):
     """Per placeholder: whether an as_strided op depends on it, which may
-    read its storage beyond the view (True where its fake is unknown)."""
+    read its storage beyond the view (True where its fake is unknown, or a
+    higher-order op's subgraph reads it)."""
     flags = []
     for p in (n for n in gm.graph.nodes if n.op == "placeholder"):
         if not isinstance(p.meta.get("val"), torch.Tensor):
@@ -118,7 +119,7 @@ def _reads_storage(gm):
             if u in seen:
                 continue
             seen.add(u)
-            found = getattr(u.target, "__name__", "").split(".")[0] in _AS_STRIDED or \
+            found = isinstance(u.target, torch._ops.HigherOrderOperator) or \
                 getattr(getattr(u.target, "_schema", None), "name", "").split("::")[-1] in _AS_STRIDED
             stack.extend(u.users)
         flags.append(found)
