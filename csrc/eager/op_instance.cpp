@@ -144,22 +144,6 @@ bool tpu_generator_on_cpu_call(c10::ArrayRef<c10::IValue> args) {
   return generator;
 }
 
-void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args);
-
-}  // namespace
-
-void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  try {
-    describe_args(inst, schema, args);
-  } catch (const c10::Error&) {
-    // CPU's message (CPU kernels take CPU generators) over the device mismatch.
-    TORCH_CHECK(!tpu_generator_on_cpu_call(args), "Expected a 'cpu' device type for generator but found 'tpu'");
-    throw;
-  }
-}
-
-namespace {
-
 void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   // The operator, by its schema's address (unique and fixed in the process;
   // these keys never leave it): no string per call.
@@ -241,4 +225,15 @@ void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::Arr
 }
 
 }  // namespace
+
+void describe(OpInstance& inst, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  try {
+    describe_args(inst, schema, args);
+  } catch (const c10::Error&) {
+    // CPU's message (CPU kernels take CPU generators) over the device mismatch.
+    TORCH_CHECK(!tpu_generator_on_cpu_call(args), "Expected a 'cpu' device type for generator but found 'tpu'");
+    throw;
+  }
+}
+
 }  // namespace torch_pjrt::eager

@@ -14,7 +14,7 @@ import torch
 
 from .. import _state
 from . import capture, stats
-from .lower_graph import Unsupported, lower_graph, split_host
+from .lower_graph import Unsupported, any_downstream, lower_graph, split_host
 from .partition import partition
 
 _warned_ops = set()
@@ -48,23 +48,10 @@ def _host_only_inputs(gm):
         elif n.op == "call_function" and _is_scalar(n) and n.all_input_nodes and \
                 all(i in scalar for i in n.all_input_nodes):
             scalar.add(n)
-    direct = set(output.all_input_nodes)
-    host_only = set()
-    for k, p in enumerate(n for n in nodes if n.op == "placeholder"):
-        if p not in scalar or p in direct:  # returned as is: the template would keep its value
-            continue
-        stack, seen = list(p.users), set()
-        while stack:
-            u = stack.pop()
-            if u is output or u in seen:
-                continue
-            if u not in scalar:
-                break
-            seen.add(u)
-            stack.extend(u.users)
-        else:
-            host_only.add(k)
-    return host_only
+    direct = set(output.all_input_nodes)  # returned as is: the template would keep its value
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    return {k for k, p in enumerate(placeholders)
+            if p in scalar and p not in direct and not any_downstream(p, lambda u: u not in scalar)}
 
 
 def _describe_change(old, new, names):

@@ -101,29 +101,32 @@ def _attr(module, target):
     return module
 
 
+def any_downstream(node, pred):
+    """Whether `pred` holds for a node that reads `node`, directly or through
+    others (the graph's output node aside)."""
+    stack, seen = list(node.users), set()
+    while stack:
+        u = stack.pop()
+        if u in seen or u.op == "output":
+            continue
+        if pred(u):
+            return True
+        seen.add(u)
+        stack.extend(u.users)
+    return False
+
+
 _AS_STRIDED = {"as_strided", "as_strided_copy", "as_strided_scatter", "as_strided_"}
 
 
-def _reads_storage(gm):
-    """Per placeholder: whether an as_strided op depends on it, which may
-    read its storage beyond the view (True where its fake is unknown, or a
-    higher-order op's subgraph reads it)."""
-    flags = []
-    for p in (n for n in gm.graph.nodes if n.op == "placeholder"):
-        if not isinstance(p.meta.get("val"), torch.Tensor):
-            flags.append(True)
-            continue
-        stack, seen, found = list(p.users), set(), False
-        while stack and not found:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            found = isinstance(u.target, torch._ops.HigherOrderOperator) or \
-                getattr(getattr(u.target, "_schema", None), "name", "").split("::")[-1] in _AS_STRIDED
-            stack.extend(u.users)
-        flags.append(found)
-    return flags
+def _may_read_beyond(placeholder):
+    """Whether an op reading `placeholder` may read its storage beyond the
+    view: an as_strided, or a higher-order op (its subgraph may hold one);
+    True where its fake is unknown."""
+    if not isinstance(placeholder.meta.get("val"), torch.Tensor):
+        return True
+    return any_downstream(placeholder, lambda u: isinstance(u.target, torch._ops.HigherOrderOperator) or
+                          getattr(getattr(u.target, "_schema", None), "name", "").split("::")[-1] in _AS_STRIDED)
 
 
 def _strided(t):
@@ -591,12 +594,12 @@ def lower_graph(gm, args, host_part=None):
     ids = dict(zip((k for k, _ in cpu), w.prog.cpu_inputs(cpu)))
     inputs = []
     k = 0
-    reads_storage = _reads_storage(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             if k in ids:
                 vid = ids[k]
-            elif _state.C.covers_storage(a) or (a.numel() <= 1 and not reads_storage[i]):
+            elif _state.C.covers_storage(a) or (a.numel() <= 1 and not _may_read_beyond(placeholders[i])):
                 # (A one-element view is copied out per call: read in place,
                 # the program would hold for its storage's size only, and a
                 # diffusers timestep, timesteps[i], would compile the UNet
