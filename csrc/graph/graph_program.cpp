@@ -127,6 +127,7 @@ GraphProgram::CallResult GraphProgram::call(const std::string& name, const std::
     out.results.push_back(add(v));
   }
   for (const auto& m : ctx.mutations) out.mutations.emplace_back(m.name, m.index, add(m.value));
+  out.read_dynamic = ctx.scalar_value_read;
   return out;
 }
 
@@ -136,9 +137,11 @@ int GraphProgram::rng_key() {
   return add(key);
 }
 
-int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype) {
+int GraphProgram::view(int base, const StridedView& base_view, const StridedView& out_view, DType out_dtype,
+                       std::optional<int> shift) {
   const Value& x = values_.at(base);
   if (lowering::numel(out_view.sizes) == 0) return add(b_.zeros(TensorType{out_dtype, out_view.sizes}));
+  auto plus_shift = [&](Value at) { return shift ? b_.binary("add", at, values_.at(*shift)) : at; };
   auto storage = storage_reads_.find(base);
   if (storage != storage_reads_.end() && out_dtype == x.dtype()) {
     // A view of an input read from its storage: from the storage, at the
@@ -146,7 +149,7 @@ int GraphProgram::view(int base, const StridedView& base_view, const StridedView
     const StorageRead& s = storage->second;
     Value at = b_.binary("add", s.offset, b_.constant(lowering::Scalar::from_int(out_view.offset - base_view.offset),
                                                       DType::I64));
-    return add(lowering::read_strided(b_, s.flat, out_view, at));
+    return add(lowering::read_strided(b_, s.flat, out_view, plus_shift(at)));
   }
   // Offsets count elements of each view's own dtype (view_as_real: the base's
   // offset in float32s is twice its offset in complex64s).
@@ -171,10 +174,12 @@ int GraphProgram::view(int base, const StridedView& base_view, const StridedView
     rel.offset = out_view.offset - base_offset;
   }
   if (out_dtype != x.dtype()) flat = lowering::reinterpret_flat(b_, flat, out_dtype);
+  if (shift) return add(lowering::read_strided(b_, flat, rel, plus_shift(b_.constant_int(rel.offset, DType::I64))));
   return add(lowering::read_strided(b_, flat, rel));
 }
 
-int GraphProgram::view_scatter(int base, const StridedView& base_view, const StridedView& out_view, int src) {
+int GraphProgram::view_scatter(int base, const StridedView& base_view, const StridedView& out_view, int src,
+                               std::optional<int> shift) {
   const Value& x = values_.at(base);
   std::vector<int64_t> perm;
   if (!lowering::dense_permutation(base_view.sizes, base_view.strides, &perm))
@@ -187,7 +192,9 @@ int GraphProgram::view_scatter(int base, const StridedView& base_view, const Str
   Value flat = b_.reshape(b_.transpose(x, perm), {lowering::numel(base_view.sizes)});
   StridedView rel = out_view;
   rel.offset = out_view.offset - base_view.offset;
-  flat = lowering::write_strided(b_, flat, b_.convert(values_.at(src), x.dtype()), rel);
+  std::optional<Value> at;
+  if (shift) at = b_.binary("add", b_.constant_int(rel.offset, DType::I64), values_.at(*shift));
+  flat = lowering::write_strided(b_, flat, b_.convert(values_.at(src), x.dtype()), rel, at);
   std::vector<int64_t> inverse(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
   return add(b_.transpose(b_.reshape(flat, memory_shape), inverse));
@@ -366,6 +373,26 @@ at::Tensor download(const runtime::BufferPtr& buffer, const OutputSpec& spec) {
 
 // A CpuPack parameter's CPU inputs, concatenated, as one device buffer.
 runtime::BufferPtr upload_pack(const ParamSource& p, const std::vector<at::Tensor>& inputs, int device) {
+  // A few bytes already of the pack's dtype (step counts, the runtime ints of
+  // int_pack): copied into one host array and taken from the constant-buffer
+  // table, which skips the transfer (and its wait) when the values repeat.
+  auto st = device::to_scalar_type(p.dtype);
+  char bytes[runtime::kConstantBufferMaxBytes];
+  size_t used = 0;
+  bool small = true;
+  for (int i : p.inputs) {
+    const at::Tensor& t = inputs.at(i);
+    size_t n = t.numel() * t.element_size();
+    if (t.scalar_type() != st || !t.is_contiguous() || !t.device().is_cpu() || used + n > sizeof(bytes)) {
+      small = false;
+      break;
+    }
+    if (n) std::memcpy(bytes + used, t.data_ptr(), n);
+    used += n;
+  }
+  if (small)
+    return runtime::constant_buffer(bytes, device::to_pjrt(p.dtype),
+                                    {static_cast<int64_t>(used / lowering::itemsize(p.dtype))}, device);
   std::vector<at::Tensor> parts;
   for (int i : p.inputs) parts.push_back(inputs.at(i).reshape({-1}).to(device::to_scalar_type(p.dtype)));
   return upload(at::cat(parts), device);

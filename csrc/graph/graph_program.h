@@ -65,6 +65,9 @@ class GraphProgram {
   struct CallResult {
     std::vector<std::optional<int>> results;
     std::vector<std::tuple<std::string, int, int>> mutations;
+    // The lowering read the value of a runtime scalar argument (Arg::dynamic):
+    // the program would hold for this value only.
+    bool read_dynamic = false;
   };
   // A random op draws a new key parameter, unless `rng` (a value id: an s64[2]
   // key, rng_key()) is given.
@@ -75,11 +78,15 @@ class GraphProgram {
   int rng_key();
   // A view (any aliasing ATen op) of value `base`, from the metadata PyTorch
   // computed for both: the base's layout is rebuilt and the view read from it.
+  // `shift` (a value id: 0-d s64) moves the view by that many elements at run
+  // time (x[n] for a Python int n the program takes as an input).
   int view(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view,
-           lowering::DType out_dtype);
-  // diagonal_scatter / as_strided_scatter: a copy of `base` (laid out as
-  // `base_view`, dense) with value `src` written where `out_view` reads.
-  int view_scatter(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view, int src);
+           lowering::DType out_dtype, std::optional<int> shift = std::nullopt);
+  // diagonal_scatter / as_strided_scatter (and slice/select_scatter at a
+  // runtime `shift`): a copy of `base` (laid out as `base_view`, dense) with
+  // value `src` written where `out_view` reads.
+  int view_scatter(int base, const lowering::StridedView& base_view, const lowering::StridedView& out_view, int src,
+                   std::optional<int> shift = std::nullopt);
   // Control flow (torch.cond, while_loop, scan -> stablehlo.if / while).
   // open_region starts a region whose block arguments have `types` (their
   // ids returned; values made before it may be used inside); close_region

@@ -39,7 +39,8 @@ lowering::Scalar number(const py::handle& v) {
 // (name, kind, payload) from the walker -> the registry's Arg. Kinds: none, t
 // (value id), tn (value id, not contiguous), wn (a Python number passed as a Tensor), cn (a
 // Python complex, (real, imag)), tl, otl, i, f, b, il,
-// fl, s, dt, other.
+// fl, s, dt, other; dwn / di: a Python int the program takes at run time
+// ((value, value id)), as a wrapped number / a scalar argument.
 Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
   Arg a;
   a.name = spec[0].cast<std::string>();
@@ -56,6 +57,20 @@ Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
     a.kind = Arg::Tensor;
     a.wrapped_number = true;
     a.tensor = prog.builder().constant(s, s.natural_dtype());
+  } else if (kind == "dwn" || kind == "di") {
+    // A Python int the program takes at run time, (value, value id of a 0-d
+    // s64): as a wrapped number in a Tensor argument, or a scalar argument
+    // (this call's value kept; a lowering that reads it is told: read_dynamic).
+    auto pair = p.cast<py::tuple>();
+    if (kind == "dwn") {
+      a.kind = Arg::Tensor;
+      a.wrapped_number = true;
+      a.tensor = prog.value(pair[1].cast<int>());
+    } else {
+      a.kind = Arg::Int;
+      a.scalar = number(pair[0]);
+      a.dynamic = prog.value(pair[1].cast<int>());
+    }
   } else if (kind == "cn") {  // a Python complex (real, imag): wrapped, as PyTorch takes it
     lowering::Builder& b = prog.builder();
     auto parts = p.cast<std::pair<double, double>>();
@@ -128,18 +143,21 @@ void bind_graph(py::module& m) {
              std::vector<std::optional<TensorType>> outs;
              for (auto o : outputs) outs.push_back(tensor_type(o));
              auto r = g.call(name, overload, std::move(converted), outs, rng);
-             return py::make_tuple(r.results, r.mutations);
+             return py::make_tuple(r.results, r.mutations, r.read_dynamic);
            },
            py::arg("name"), py::arg("overload"), py::arg("args"), py::arg("outputs"), py::arg("rng") = py::none())
       .def("rng_key", &GraphProgram::rng_key)
       .def("view",
-           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, at::ScalarType dtype) {
-             return g.view(base, strided(base_view), strided(out_view), device::to_dtype(dtype));
-           })
+           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, at::ScalarType dtype,
+              std::optional<int> shift) {
+             return g.view(base, strided(base_view), strided(out_view), device::to_dtype(dtype), shift);
+           },
+           py::arg("base"), py::arg("base_view"), py::arg("out_view"), py::arg("dtype"), py::arg("shift") = py::none())
       .def("view_scatter",
-           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, int src) {
-             return g.view_scatter(base, strided(base_view), strided(out_view), src);
-           })
+           [](GraphProgram& g, int base, py::tuple base_view, py::tuple out_view, int src, std::optional<int> shift) {
+             return g.view_scatter(base, strided(base_view), strided(out_view), src, shift);
+           },
+           py::arg("base"), py::arg("base_view"), py::arg("out_view"), py::arg("src"), py::arg("shift") = py::none())
       .def("convert",
            [](GraphProgram& g, int id, at::ScalarType dtype, std::vector<int64_t> shape) {
              auto& b = g.builder();

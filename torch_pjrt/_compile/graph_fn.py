@@ -14,19 +14,21 @@ import torch
 
 from .. import _state
 from . import capture, stats
-from .lower_graph import Unsupported, any_downstream, lower_graph, split_host
+from torch.utils._pytree import tree_flatten
+
+from .lower_graph import NeedsValue, Unsupported, any_downstream, int_pack, lower_graph, split_host
 from .partition import partition
 
 _warned_ops = set()
 
 
-def _signature(args, host_only=()):
+def _signature(args, unkeyed=()):
     # Shapes, dtypes and devices (not strides: the program reads any layout,
     # and view ops' values do not depend on it); host values by value, except
-    # those only the host reads (`host_only`); and whether value checks are on
-    # (programs with and without them differ).
+    # those only the host reads or the program takes at run time (`unkeyed`);
+    # and whether value checks are on (programs with and without them differ).
     return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
-                 else (type(a), None if i in host_only else a)
+                 else (type(a), None if i in unkeyed else a)
                  for i, a in enumerate(args)) + (("checks", _state.C.checks_enabled()),)
 
 
@@ -52,6 +54,31 @@ def _host_only_inputs(gm):
     placeholders = [n for n in nodes if n.op == "placeholder"]
     return {k for k, p in enumerate(placeholders)
             if p in scalar and p not in direct and not any_downstream(p, lambda u: u not in scalar)}
+
+
+def _runtime_int_inputs(gm, skip):
+    """Positions of the int inputs (SymInts Dynamo made of a Python int that
+    changed: a position, a step, an index) that no size or stride in the
+    graph depends on: the program may take their values at run time (x[n],
+    x * n, arange(n, n + k)), one executable for all. lower_graph narrows
+    this where an op needs a value (NeedsValue)."""
+    sized = set()  # symbols in any tensor's sizes or strides
+    for n in gm.graph.nodes:
+        for t in tree_flatten(n.meta.get("val"))[0]:
+            if isinstance(t, torch.Tensor):
+                try:
+                    dims = list(t.shape) + list(t.stride())
+                except RuntimeError:  # (layouts without strides)
+                    dims = list(t.shape)
+                for d in dims:
+                    if isinstance(d, torch.SymInt):
+                        sized |= d.node.expr.free_symbols
+    out = []
+    for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = p.meta.get("val")
+        if i not in skip and isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and v.node.expr not in sized:
+            out.append(i)
+    return tuple(out)
 
 
 def _describe_change(old, new, names):
@@ -159,6 +186,8 @@ class CompiledGraphFn:
         self.constants = _lift_tensor_constants(gm)
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         self.host_only = _host_only_inputs(gm)
+        self.runtime_ints = _runtime_int_inputs(gm, self.host_only)
+        self.unkeyed = self.host_only | set(self.runtime_ints)
 
     def __call__(self, *args):
         # Boxed (one list, which we clear to free inputs early) or, when a
@@ -167,10 +196,12 @@ class CompiledGraphFn:
         args.extend(self.constants)
         if capture.active() is not None:
             return self._capture(args)
-        sig = _signature(args, self.host_only)
+        sig = _signature(args, self.unkeyed)
         candidates = self.entries.get(sig)
         if not candidates:
-            candidates = self.entries[sig] = [self._compile(args, sig)]
+            entry = self._compile(args, sig)
+            sig = _signature(args, self.unkeyed)  # (compiling may have keyed more ints)
+            candidates = self.entries[sig] = [entry]
         self.last_signature = sig
         if candidates[0] is None:
             return self._run_eagerly(args)
@@ -183,7 +214,7 @@ class CompiledGraphFn:
         evicted = False
         for cg, lowered in list(candidates):
             # Programs that read view inputs in place hold for one view geometry.
-            outs = cg.run(tensors)
+            outs = cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
             if outs is not None:
                 break
             if not cg.resident():  # evicted from the bounded executable cache
@@ -193,9 +224,12 @@ class CompiledGraphFn:
             entry = self._compile(args, sig, evicted)
             if entry is None:
                 return self._run_eagerly(args)
-            candidates.append(entry)
+            if _signature(args, self.unkeyed) == sig:
+                candidates.append(entry)
+            else:  # (compiling keyed more ints)
+                self.entries[_signature(args, self.unkeyed)] = [entry]
             cg, lowered = entry
-            outs = cg.run(tensors)
+            outs = cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
         # The host part (it may update CPU inputs in place, e.g. step += 1)
         # runs after the program has read their values from before.
         host_values = lowered.host(args) if lowered.host else ()
@@ -226,11 +260,24 @@ class CompiledGraphFn:
         args.clear()
         return result
 
+    def _lower(self, args):
+        while True:
+            try:
+                return lower_graph(self.gm, args, split_host(self.gm, args), self.runtime_ints)
+            except NeedsValue as e:
+                keyed = [i for i in self.runtime_ints if i in e.origins]
+                if not keyed:
+                    raise RuntimeError(f"torch_pjrt: graph '{self.name}': {e} (not a runtime input)") from e
+                self.runtime_ints = tuple(i for i in self.runtime_ints if i not in e.origins)
+                self.unkeyed = self.host_only | set(self.runtime_ints)
+                names = ", ".join(self.placeholders[i] for i in keyed)
+                stats.log("recompiles", f"graph '{self.name}': {names} key the program: {e}")
+
     def _compile(self, args, sig, evicted=False):
         t0 = time.perf_counter()
         compiles0 = _state.C.metrics()["xla_compiles"]
         try:
-            lowered = lower_graph(self.gm, args, split_host(self.gm, args))
+            lowered = self._lower(args)
         except Unsupported as e:
             pieces = None if self.is_piece else partition(
                 self.gm, self.name, lambda sub, name: CompiledGraphFn(sub, name, is_piece=True))

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .. import _state
 from .hops import _LOWERED_HOPS, HigherOrderOps
-from .values import _META, Unsupported, _type, _Val  # noqa: F401 (Unsupported: graph_fn's import)
+from .values import _META, NeedsValue, Unsupported, _Int, _type, _Val, int_origins  # noqa: F401 (graph_fn's imports)
 
 
 def _device_group_ids(group_name, device):
@@ -42,6 +42,7 @@ class Lowered:
         self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
         self.output_template = output_template   # graph outputs: ("t", k), ("v", k, view), ("h", k), ("c", constant)
         self.mutations = mutations               # [(input index, program output)]
+        self.runtime_ints = ()                   # int args read at run time (int_pack)
 
 
 _INDEX_PUTS = ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")
@@ -205,11 +206,15 @@ class _Walker(HigherOrderOps):
         name, t = a.name, str(a.type)
         if v is None:
             return (name, "none", None)
+        if isinstance(v, _Int):  # a runtime int: read from the program's input
+            return (name, "dwn" if t.startswith("Tensor") else "di", (int(v), v.vid))
         if isinstance(v, _Val):  # "tn": not contiguous (a few lowerings follow CPU's layout choice)
             meta = v.meta
             contiguous = not isinstance(meta, torch.Tensor) or meta.is_contiguous()
             return (name, "t" if contiguous else "tn", v.id)
         if isinstance(v, (list, tuple)):
+            if any(isinstance(e, _Int) for e in v):
+                raise NeedsValue(int_origins(v), f"argument '{name}': a list holding an int input")
             if any(isinstance(e, _Val) for e in v) or t.startswith("Tensor") or t.startswith("List[Tensor"):
                 if "Optional[Tensor]" in t or "Tensor?" in t:
                     return (name, "otl", [None if e is None else e.id for e in v])
@@ -240,10 +245,11 @@ class _Walker(HigherOrderOps):
         overload = schema.overload_name
         if schema.name.startswith("_c10d_functional::"):
             return self.collective(op, name, args)
-        if name == "copy_":
-            return self.copy_into_input(args[0], args[1])
         if not schema.returns and not mutates(schema):
-            return None  # assertions (_assert_tensor_metadata, ...): PyTorch checked them
+            return None  # assertions (_assert_tensor_metadata, _assert_scalar...): PyTorch checked them
+        origins = int_origins((args, kwargs))
+        if name == "copy_" and not origins:
+            return self.copy_into_input(args[0], args[1])
         metas = tree_map(lambda v: v.meta if isinstance(v, _Val) else (_META if isinstance(v, torch.device) else v),
                          (args, kwargs))
         try:
@@ -257,6 +263,8 @@ class _Walker(HigherOrderOps):
             if name == "_conj" and not out_meta.is_complex():
                 return args[0]
             return self.call_op(_LAZY_BITS[name], args, kwargs)
+        if origins:
+            return self.call_with_ints(op, schema, name, args, kwargs, metas, out_meta, origins)
         if is_view(schema):
             return self.view(op, schema, args, metas, out_meta)
         if mutates(schema):
@@ -327,15 +335,101 @@ class _Walker(HigherOrderOps):
         self.replica_ids = ids
         return _Val(vid, torch.empty(shape, dtype=x.meta.dtype, device=_META))
 
-    def lower(self, schema, name, overload, args, kwargs, out_meta):
+    # ---- Python ints the program takes at run time (_Int) ----
+    # Where they meet an op: a registry lowering that reads them as values
+    # (operand(): a wrapped number, a scalar, arange's start), the offset of
+    # slice/select views and scatters, and int arithmetic. Anywhere else
+    # (sizes, decompositions, control flow...) NeedsValue: their values then
+    # key the program, as every int did before.
+    _INT_ARITH = {operator.add: ("add", "Tensor"), operator.sub: ("sub", "Tensor"),
+                  operator.mul: ("mul", "Tensor"), operator.floordiv: ("div", "Tensor_mode"),
+                  operator.mod: ("remainder", "Tensor"), operator.neg: ("neg", "")}
+
+    def int_value(self, v):
+        return v.vid if isinstance(v, _Int) else self.prog.constant(int(v), torch.int64)
+
+    def int_arith(self, node, target, a):
+        """Int arithmetic on runtime ints, computed in the program too."""
+        value = target(*a)
+        origins = int_origins(a)
+        op = self._INT_ARITH.get(target) if type(value) is int else None
+        if op is None:
+            # (A comparison feeding only assertions: the host's guards hold it.)
+            if all(isinstance(u.target, torch._ops.OpOverload) and not u.target._schema.returns for u in node.users):
+                return value
+            raise NeedsValue(origins, f"{getattr(target, '__name__', target)} of an int input")
+        args = [("self", "t", self.int_value(a[0]))]
+        if len(a) > 1:
+            args.append(("other", "t", self.int_value(a[1])))
+        if op[0] in ("add", "sub"):
+            args.append(("alpha", "i", 1))
+        if op[1] == "Tensor_mode":
+            args.append(("rounding_mode", "s", "floor"))
+        ids, _, _ = self.prog.call(op[0], op[1], args, [(torch.int64, [])])
+        return _Int(value, ids[0], origins)
+
+    def scaled(self, v, stride):
+        """The program's value of runtime int `v` times `stride`."""
+        ids, _, _ = self.prog.call("mul", "Tensor", [("self", "t", v.vid), ("other", "t", self.int_value(stride))],
+                                   [(torch.int64, [])])
+        return ids[0]
+
+    def call_with_ints(self, op, schema, name, args, kwargs, metas, out_meta, origins):
+        if name in ("slice", "select", "slice_scatter", "select_scatter") and isinstance(args[0], _Val) \
+                and not kwargs and isinstance(args[0].meta, torch.Tensor):
+            scatter = name.endswith("_scatter")
+            rest = list(args[2:] if scatter else args[1:])  # dim, then start/end/step or index
+            if all(not isinstance(v, _Int) or k in (1, 2) for k, v in enumerate(rest)) and \
+                    not isinstance(rest[0], _Int) and (len(rest) < 4 or not isinstance(rest[3], _Int)):
+                return self.shifted(op, name, args, metas, out_meta, scatter, rest)
+        if is_view(schema) or mutates(schema) or name in _INDEX_PUTS:
+            raise NeedsValue(origins, f"aten::{name} with an int input")
+        target = registry_lowering(schema)
+        if target is None or target[2]:
+            raise NeedsValue(origins, f"aten::{name} with an int input has no graph lowering of its own")
+        return self.lower(schema, target[0], target[1], args, kwargs, out_meta, origins)
+
+    def shifted(self, op, name, args, metas, out_meta, scatter, rest):
+        """slice / select (or their scatters) at a runtime start or index:
+        the view's offset is this call's minus the int's share, plus the
+        program's value of it times the dim's stride."""
+        base = args[0]
+        dim = rest[0] if rest else 0
+        dim = dim + base.meta.dim() if dim < 0 else dim
+        stride = base.meta.stride()[dim]
+        start = rest[1] if len(rest) > 1 else None  # slice's start, select's index
+        view = (torch.ops.aten.select.int if name.startswith("select") else torch.ops.aten.slice.Tensor)(
+            base.meta, *[int(r) if isinstance(r, int) else r for r in rest])
+        if not isinstance(start, _Int):
+            # Only the end is an input (it clamps to the size: no move).
+            shift, static = None, view.storage_offset()
+        else:
+            shift = self.scaled(start, stride)
+            static = view.storage_offset() - int(start) * stride
+        origins = int_origins(rest)
+        out_view = (list(view.shape), list(view.stride()), static)
+        if scatter:
+            src = args[1]
+            if not isinstance(src, _Val) or not _is_dense(base.meta):
+                raise NeedsValue(origins, f"aten::{name} into a tensor with gaps, at an int input")
+            return _Val(self.prog.view_scatter(base.id, _strided(base.meta), out_view, src.id, shift), out_meta)
+        m = out_meta
+        return _Val(self.prog.view(base.id, _strided(base.meta), out_view, m.dtype, shift), m,
+                    root=base.root or base, chain=base.chain + ((op, metas, 0, None),),
+                    shifted=base.shifted | origins)
+
+    def lower(self, schema, name, overload, args, kwargs, out_meta, origins=()):
         self.check_random(name, overload)
         single = isinstance(out_meta, torch.Tensor)
         metas = [out_meta] if single else list(out_meta)
         types = [_type(m) if isinstance(m, torch.Tensor) else None for m in metas]
         try:
-            ids, mutations = self.prog.call(name, overload, self.pack(schema, args, kwargs), types, self.forced_rng)
+            ids, mutations, read = self.prog.call(name, overload, self.pack(schema, args, kwargs), types,
+                                                  self.forced_rng)
         except self.C.LoweringNotImplemented as e:  # e.g. a dtype: the op runs op by op, as in eager mode
             raise Unsupported(f"aten::{name}", str(e)) from e
+        if read and origins:
+            raise NeedsValue(origins, f"aten::{name}'s lowering reads the value of an int input")
         if mutations:
             raise Unsupported(f"aten::{name}", "its lowering writes an argument")
         vals = [None if i is None else _Val(i, m) for i, m in zip(ids, metas)]
@@ -361,7 +455,7 @@ class _Walker(HigherOrderOps):
                 for alias in [name] + aliases.get(name, []):
                     elem_args.append((alias, kind, payload))
             m = out_meta[e]
-            ids, mutations = self.prog.call(elem, overload, elem_args, [_type(m)], self.forced_rng)
+            ids, mutations, _ = self.prog.call(elem, overload, elem_args, [_type(m)], self.forced_rng)
             if mutations:
                 raise Unsupported(f"aten::{elem}", "its lowering writes an argument")
             results.append(_Val(ids[0], m))
@@ -376,7 +470,9 @@ class _Walker(HigherOrderOps):
         target = registry_lowering(schema) if schema is not None and not schema.returns else None
         if target is None or target[2]:
             raise Unsupported(op, "an effectful op (with_effects) with no graph lowering")
-        ids, mutations = self.prog.call(target[0], target[1], self.pack(schema, rest, kwargs), [])
+        if int_origins((rest, kwargs)):
+            raise NeedsValue(int_origins((rest, kwargs)), f"{op} with an int input")
+        ids, mutations, _ = self.prog.call(target[0], target[1], self.pack(schema, rest, kwargs), [])
         if mutations:
             raise Unsupported(op, "its lowering writes an argument")
         return (token,)
@@ -510,6 +606,8 @@ class _Walker(HigherOrderOps):
                         self.fakes[v.id] = node.meta["val"]
                 elif target is operator.getitem:
                     env[node] = a[0][a[1]]
+                elif isinstance(target, torch._ops.HigherOrderOperator) and int_origins((a, k)):
+                    raise NeedsValue(int_origins((a, k)), f"{target} with an int input")
                 elif target is torch.ops.higher_order.with_effects:
                     env[node] = self.with_effects(a, k)
                 elif getattr(target, "_name", None) in _LOWERED_HOPS:
@@ -518,6 +616,10 @@ class _Walker(HigherOrderOps):
                     env[node] = self.higher_order(target, a, k)
                 elif any(isinstance(x, _Val) for x in tree_flatten((a, k))[0]):
                     raise Unsupported(target, "a Python function on tensors inside the graph")
+                elif int_origins((a, k)):
+                    if k:
+                        raise NeedsValue(int_origins((a, k)), f"{target} of an int input")
+                    env[node] = self.int_arith(node, target, a)
                 else:
                     env[node] = target(*a, **k)  # SymInt arithmetic, now on ints
             elif node.op == "get_attr":
@@ -581,17 +683,41 @@ def split_host(gm, args):
     return HostPart(gm, nodes, needed)
 
 
-def lower_graph(gm, args, host_part=None):
+_PACKS = {}  # values -> their int_pack tensor (never written: the run copies it)
+
+
+def int_pack(args, runtime_ints):
+    """The CPU tensor a program lowered with `runtime_ints` takes after the
+    tensors of `args`: those ints' values."""
+    values = tuple(args[i] for i in runtime_ints)
+    pack = _PACKS.get(values)
+    if pack is None:
+        if len(_PACKS) >= 1024:
+            _PACKS.clear()
+        pack = _PACKS[values] = torch.tensor(values, dtype=torch.int64)
+    return pack
+
+
+def lower_graph(gm, args, host_part=None, runtime_ints=()):
     """Lowers GraphModule `gm` for the concrete `args` (tensors and host
     scalars, one per placeholder); program input k is the k-th tensor of
-    args. Nodes of `host_part` that write CPU inputs are left to the host."""
+    args. Nodes of `host_part` that write CPU inputs are left to the host.
+    `runtime_ints`: positions of int args the program reads at run time
+    from one more input after the tensors (int_pack); raises NeedsValue
+    where an op needs one's value (the caller then keys the program by it)."""
     w = _Walker()
     skip = {n for n in host_part.nodes if n.target is torch.ops.aten.copy_.default} if host_part else set()
     host_out = {n: i for i, n in enumerate(host_part.needed)} if host_part else {}
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     w.device = next((t.device.index or 0 for t in tensors if t.device.type == "tpu"), torch.tpu.current_device())
     cpu = [(k, _type(t)) for k, t in enumerate(tensors) if t.device.type == "cpu"]
+    if runtime_ints:
+        cpu.append((len(tensors), (torch.int64, [len(runtime_ints)])))
     ids = dict(zip((k for k, _ in cpu), w.prog.cpu_inputs(cpu)))
+    runtime = {}  # arg position -> its _Int
+    for j, i in enumerate(runtime_ints):
+        vid = w.prog.view(ids[len(tensors)], ([len(runtime_ints)], [1], 0), ([], [], j), torch.int64)
+        runtime[i] = _Int(args[i], vid, (i,))
     inputs = []
     k = 0
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -612,7 +738,7 @@ def lower_graph(gm, args, host_part=None):
             w.inputs_by_id[id(a)] = inputs[-1]
             k += 1
         else:
-            inputs.append(a)
+            inputs.append(runtime.get(i, a))
     graph = gm.graph
     result = w.walk(graph, inputs, skip, top=True)  # (get_attr nodes: _Walker.attribute)
     out_nodes = list(graph.nodes)[-1].args[0]
@@ -690,8 +816,12 @@ def lower_graph(gm, args, host_part=None):
             template.append(("h", host_out[n]))
             continue
         if not isinstance(r, _Val):
+            if int_origins(r):  # (returned as it is: its value would be kept)
+                raise NeedsValue(int_origins(r), "an int input returned")
             template.append(("c", r))
             continue
+        if r.shifted:  # a view returned: its offset would be kept
+            raise NeedsValue(r.shifted, "a view at an int input's offset returned")
         fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu" and r.id not in w.rng_states
         entry = None if r.root is None or on_cpu else input_view(r) or output_view(r)
@@ -705,4 +835,6 @@ def lower_graph(gm, args, host_part=None):
     device = next((t.device.index or 0 for n in out_nodes if isinstance(n, torch.fx.Node)
                    for t in [n.meta.get("val")] if isinstance(t, torch.Tensor) and t.device.type == "tpu"),
                   torch.tpu.current_device())
-    return Lowered(w.prog, text, outputs, template, mutations, host_part, device, w.replica_ids)
+    lowered = Lowered(w.prog, text, outputs, template, mutations, host_part, device, w.replica_ids)
+    lowered.runtime_ints = tuple(runtime_ints)
+    return lowered

@@ -21,7 +21,10 @@ std::vector<Value> arange(LoweringContext& ctx, const TensorType& out) {
   if (out.numel() == 0) return {b.zeros(out)};
   DType acc = cpu_acc_type(out.dtype);
   Value i = b.iota(TensorType{acc, out.shape}, 0);
-  Value start = b.splat(ctx.scalar("start"), TensorType{acc, out.shape});
+  // (start through operand: a runtime input where the graph passes one,
+  // x[n:n+k]-style positions in a compiled graph; the length is out's.)
+  Value start = ctx.has("start") ? b.broadcast_to(ctx.operand("start", acc), out.shape)
+                                 : b.splat(Scalar::from_int(0), TensorType{acc, out.shape});
   Value step = b.splat(ctx.scalar("step", Scalar::from_int(1)), TensorType{acc, out.shape});
   return {b.binary("add", start, b.binary("multiply", i, step))};
 }
