@@ -16,7 +16,7 @@ from .. import _state
 from . import capture, stats
 from torch.utils._pytree import tree_flatten
 
-from .lower_graph import NeedsValue, Unsupported, any_downstream, int_pack, lower_graph, split_host
+from .lower_graph import NeedsValue, Unsupported, _Int, any_downstream, int_pack, lower_graph, split_host
 from .partition import partition
 
 _warned_ops = set()
@@ -76,7 +76,8 @@ def _runtime_int_inputs(gm, skip):
     out = []
     for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
         v = p.meta.get("val")
-        if i not in skip and isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and v.node.expr not in sized:
+        if i not in skip and isinstance(v, torch.SymInt) and v.node.expr.free_symbols and \
+                not v.node.expr.free_symbols & sized:  # (an expression: a backward's saved n % 8)
             out.append(i)
     return tuple(out)
 
@@ -105,7 +106,7 @@ def _fmt(v):
     return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, (tuple, torch.Size)) else str(v)
 
 
-def _unpack(outs, host_values, inputs, entry):
+def _unpack(outs, host_values, inputs, entry, args):
     kind = entry[0]
     if kind == "t":
         return outs[entry[1]]
@@ -123,6 +124,16 @@ def _unpack(outs, host_values, inputs, entry):
             return torch.empty(0, dtype=dtype[0], device=base.device).set_(
                 base.untyped_storage(), start + offset, size, stride)
         return base.as_strided(size, stride, base.storage_offset() + offset)
+    if kind == "n":  # an int the program took at run time: this call's
+        return entry[1](args)
+    if kind == "r":  # a view at a runtime int's offset: its view ops again, with this call's ints
+        _, source, k, chain = entry
+        v = inputs[k] if source == "i" else outs[k]
+        for op, (op_args, op_kwargs), pos, index in chain:
+            op_args = [a.host(args) if isinstance(a, _Int) else a for a in op_args]
+            v = op(*op_args[:pos], v, *op_args[pos + 1:], **op_kwargs)
+            v = v if index is None else v[index]
+        return v
     return entry[1]
 
 
@@ -233,9 +244,10 @@ class CompiledGraphFn:
         # The host part (it may update CPU inputs in place, e.g. step += 1)
         # runs after the program has read their values from before.
         host_values = lowered.host(args) if lowered.host else ()
+        result = [_unpack(outs, host_values, tensors, t, args) for t in lowered.output_template]
         args.clear()
         stats.COUNTERS["compiled_graph_runs"] += 1
-        return [_unpack(outs, host_values, tensors, t) for t in lowered.output_template]
+        return result
 
     def _capture(self, args):
         # A dry run (capture.py): lower and record; the outputs are placeholders.
@@ -244,8 +256,9 @@ class CompiledGraphFn:
         outs = capture.placeholder_outputs(lowered)
         host_values = lowered.host(args) if lowered.host else ()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        result = [_unpack(outs, host_values, tensors, t, args) for t in lowered.output_template]
         args.clear()
-        return [_unpack(outs, host_values, tensors, t) for t in lowered.output_template]
+        return result
 
     def _forget_evicted(self):
         # Signatures whose executables the bounded cache evicted: drop what

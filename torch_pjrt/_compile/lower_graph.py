@@ -40,7 +40,8 @@ class Lowered:
         self.device = device                     # tpu index, when no input says it
         self.host = host                         # HostPart or None
         self.outputs = outputs                   # [(dtype, sizes, strides, on_cpu, program_output)]
-        self.output_template = output_template   # graph outputs: ("t", k), ("v", k, view), ("h", k), ("c", constant)
+        self.output_template = output_template   # graph outputs: ("t", k), ("v", k, view), ("h", k), ("c", constant),
+        #                                          ("n", host fn), ("r", "i"/"o", k, view chain): runtime ints (graph_fn._unpack)
         self.mutations = mutations               # [(input index, program output)]
         self.runtime_ints = ()                   # int args read at run time (int_pack)
 
@@ -366,7 +367,8 @@ class _Walker(HigherOrderOps):
         if op[1] == "Tensor_mode":
             args.append(("rounding_mode", "s", "floor"))
         ids, _, _ = self.prog.call(op[0], op[1], args, [(torch.int64, [])])
-        return _Int(value, ids[0], origins)
+        hosts = [v.host if isinstance(v, _Int) else (lambda _, c=v: c) for v in a]
+        return _Int(value, ids[0], origins, lambda args: target(*[h(args) for h in hosts]))
 
     def scaled(self, v, stride):
         """The program's value of runtime int `v` times `stride`."""
@@ -717,7 +719,7 @@ def lower_graph(gm, args, host_part=None, runtime_ints=()):
     runtime = {}  # arg position -> its _Int
     for j, i in enumerate(runtime_ints):
         vid = w.prog.view(ids[len(tensors)], ([len(runtime_ints)], [1], 0), ([], [], j), torch.int64)
-        runtime[i] = _Int(args[i], vid, (i,))
+        runtime[i] = _Int(args[i], vid, (i,), operator.itemgetter(i))
     inputs = []
     k = 0
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -811,19 +813,36 @@ def lower_graph(gm, args, host_part=None, runtime_ints=()):
         k = add_output(root, root.meta, False)
         return ("v", k, list(r.meta.shape), list(r.meta.stride()), r.meta.storage_offset() - root.meta.storage_offset())
 
+    def replayed_view(r):
+        # ("r", source, k, chain): the view ops of r replayed per call, with
+        # that call's ints, on input k ("i": r views it, or the value the
+        # graph writes into it) or on program output k ("o": r's root).
+        root = r.root
+        k = root.input_index if root.input_index is not None and root.id not in w.written else w.written.get(root.id)
+        if k is not None and k in on_device and list(root.meta.shape) == list(tensors[k].shape) and \
+                list(root.meta.stride()) == list(tensors[k].stride()):
+            return ("r", "i", k, r.chain)
+        if root.input_index is not None or not _is_dense(root.meta):
+            raise NeedsValue(r.shifted, "a view at an int input's offset returned")
+        return ("r", "o", add_output(root, root.meta, False), r.chain)
+
     for r, n in zip(result, out_nodes):
         if n in host_out:
             template.append(("h", host_out[n]))
+            continue
+        if isinstance(r, _Int):  # (a SymInt saved for the backward): the call's value
+            template.append(("n", r.host))
             continue
         if not isinstance(r, _Val):
             if int_origins(r):  # (returned as it is: its value would be kept)
                 raise NeedsValue(int_origins(r), "an int input returned")
             template.append(("c", r))
             continue
-        if r.shifted:  # a view returned: its offset would be kept
-            raise NeedsValue(r.shifted, "a view at an int input's offset returned")
         fake = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu" and r.id not in w.rng_states
+        if r.shifted and not on_cpu:  # a view at this call's offset: made again per call
+            template.append(replayed_view(r))
+            continue
         entry = None if r.root is None or on_cpu else input_view(r) or output_view(r)
         template.append(entry or ("t", add_output(r, layout_of(r, n), on_cpu)))
     mutations = []

@@ -21,7 +21,8 @@ class _Val:
         self.root = root    # views: the value whose storage they view
         self.chain = chain  # views: the view ops from root, to replay on another layout
         # views: the inputs (runtime ints) whose values move it at run time;
-        # its meta's offset is this call's (x[n] for this n).
+        # its meta's offset is this call's (x[n] for this n), and its chain
+        # holds the _Ints (a returned one is made by replaying the chain).
         self.shifted = shifted
 
 
@@ -40,12 +41,14 @@ def _dense_meta(v):
 class _Int(int):
     """A Python int of the graph (a SymInt input, or arithmetic on one) that
     the program takes at run time: this call's value, plus `vid`, the 0-d s64
-    value holding it in the program, and `origins`, the positions of the graph
-    inputs it comes from."""
+    value holding it in the program, `origins`, the positions of the graph
+    inputs it comes from, and `host`, how a call's arguments give its value
+    (a view at its offset is returned as one: the host makes that view)."""
 
-    def __new__(cls, value, vid, origins):
+    def __new__(cls, value, vid, origins, host):
         self = super().__new__(cls, value)
         self.vid, self.origins = vid, frozenset(origins)
+        self.host = host  # args -> its value for a call's graph arguments
         return self
 
 
