@@ -98,16 +98,21 @@ def test_int_values_wrap_and_promote_as_on_cpu():
 
 def test_a_returned_view_at_an_int_offset_is_a_view_of_the_input():
     torch._dynamo.reset()
-    g = torch.compile(lambda t, n: (t[n], t[n:n + 2]), backend="tpu")
+    # (Views of the view too: their chain starts at the moved one.)
+    g = torch.compile(lambda t, n: (t[n], t[n:n + 2], t[n:n + 2][:, 1], t[n:n + 1].reshape(2, 4)[:, :2]),
+                      backend="tpu")
     t = TABLE.to("tpu")
     before = _graphs()
     for n in (3, 9, 40, 3):
-        row, rows = g(t, n)
+        row, rows, column, part = g(t, n)
         assert row.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
         assert row.storage_offset() == n * 8 and rows.storage_offset() == n * 8
+        assert column.storage_offset() == n * 8 + 1 and part.storage_offset() == n * 8
         torch.testing.assert_close(rows.cpu(), TABLE[n:n + 2])
+        torch.testing.assert_close(column.cpu(), TABLE[n:n + 2][:, 1])
+        torch.testing.assert_close(part.cpu(), TABLE[n].reshape(2, 4)[:, :2])
     assert _graphs() - before <= 2
-    row, _ = g(t, 5)
+    row, *_ = g(t, 5)
     t[5].fill_(7.0)  # writes through the input show in the returned view
     assert torch.equal(row.cpu(), torch.full((8,), 7.0))
 

@@ -569,7 +569,8 @@ class _Walker(HigherOrderOps):
 
         def one(m, index=None):
             return _Val(self.prog.view(base.id, _strided(base.meta), _strided(m), m.dtype), m,
-                        root=base.root or base, chain=base.chain + ((op, metas, base_pos, index),))
+                        root=base.root or base, chain=base.chain + ((op, metas, base_pos, index),),
+                        shifted=base.shifted)
         if isinstance(out_meta, torch.Tensor):
             return one(out_meta)
         return [one(m, i) for i, m in enumerate(out_meta)]
