@@ -45,6 +45,9 @@ PATTERNS = {
     "full": lambda x, n, table: torch.full((8,), n, device=x.device) + x,
     "where": lambda x, n, table: torch.where(x > 0, x, n),
     "int_index_tensor": lambda x, n, table: table.index_select(0, torch.tensor([n, n + 1], device=x.device)),
+    "causal_mask": lambda x, n, table: torch.full((8, 8), float("-inf"), device=x.device).triu(n % 9) + x,
+    "tril": lambda x, n, table: table[:8].tril(-(n % 5)),
+    "clamped_index": lambda x, n, table: table[max(n - 2, 0)] * min(n, 3) + table[min(n, 50)],
 }
 
 

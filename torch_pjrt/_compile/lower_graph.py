@@ -344,7 +344,8 @@ class _Walker(HigherOrderOps):
     # key the program, as every int did before.
     _INT_ARITH = {operator.add: ("add", "Tensor"), operator.sub: ("sub", "Tensor"),
                   operator.mul: ("mul", "Tensor"), operator.floordiv: ("div", "Tensor_mode"),
-                  operator.mod: ("remainder", "Tensor"), operator.neg: ("neg", "")}
+                  operator.mod: ("remainder", "Tensor"), operator.neg: ("neg", ""),
+                  torch.sym_max: ("maximum", ""), torch.sym_min: ("minimum", "")}  # (clamped indices)
 
     def int_value(self, v):
         return v.vid if isinstance(v, _Int) else self.prog.constant(int(v), torch.int64)
@@ -352,6 +353,8 @@ class _Walker(HigherOrderOps):
     def int_arith(self, node, target, a):
         """Int arithmetic on runtime ints, computed in the program too."""
         value = target(*a)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = int(value)  # (sym_min/sym_max return an argument: maybe an _Int)
         origins = int_origins(a)
         op = self._INT_ARITH.get(target) if type(value) is int else None
         if op is None:

@@ -60,7 +60,11 @@ std::vector<Value> triangle(LoweringContext& ctx, Cmp keep) {
   int64_t r = x.rank();
   TensorType mt{DType::I64, {x.shape()[r - 2], x.shape()[r - 1]}};
   Value diff = b.binary("subtract", b.iota(mt, 1), b.iota(mt, 0));
-  Value mask = b.compare(keep, diff, b.splat(Scalar::from_int(ctx.to_int("diagonal", 0)), mt));
+  // (diagonal through operand: a compiled graph may pass it at run time, a
+  // causal mask's triu(..., diagonal=start + 1) for a decode position.)
+  Value d = ctx.has("diagonal") ? b.broadcast_to(ctx.operand("diagonal", DType::I64), mt.shape)
+                                : b.splat(Scalar::from_int(0), mt);
+  Value mask = b.compare(keep, diff, d);
   mask = b.broadcast_to(mask, x.shape());
   return {b.select(mask, x, b.zeros(x.type))};
 }
