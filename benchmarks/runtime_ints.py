@@ -48,7 +48,7 @@ def run(keyed, tokens, device):
     torch._dynamo.reset()
     saved = graph_fn._runtime_int_inputs
     if keyed:
-        graph_fn._runtime_int_inputs = lambda gm, skip: ()
+        graph_fn._runtime_int_inputs = lambda gm, skip: ((), None)
     try:
         torch.manual_seed(0)
         model = Block().to(device).eval()

@@ -158,3 +158,37 @@ def test_training_steps_at_int_positions_match_cpu_with_two_programs_per_graph()
         torch.testing.assert_close(tpu.wq.weight.grad.cpu(), cpu.wq.weight.grad, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(tpu.ck.cpu(), cpu.ck)
     assert _graphs() - before <= 4  # forward and backward, each static then symbolic
+
+
+def test_batches_sliced_by_an_int_compile_one_program_per_batch_size():
+    # pytorch/examples' word_language_model get_batch, inside the compiled
+    # step: the int sets sizes only through min(bptt, len - 1 - i), so the
+    # signature holds those sizes and the program takes i at run time.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    source = torch.randn(1001, 4)
+    cpu = torch.nn.Linear(4, 4)
+    tpu = torch.nn.Linear(4, 4)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+
+    def step(model, source, i, bptt=35):
+        seq_len = min(bptt, len(source) - 1 - i)
+        data = source[i:i + seq_len]
+        target = source[i + 1:i + 1 + seq_len].reshape(-1)
+        loss = ((model(data).reshape(-1) - target) ** 2).mean()
+        loss.backward()
+        return loss
+
+    g = torch.compile(step, backend="tpu")
+    src = source.to("tpu")
+    before = _graphs()
+    for i in range(0, 1000, 35):  # 28 batches of 35 rows, then one of 20
+        cpu.zero_grad()
+        tpu.zero_grad()
+        expected = step(cpu, source, i)
+        got = g(tpu, src, i)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-6)
+    # forward and backward: the first (static) call, then one per batch size
+    assert _graphs() - before <= 6, _graphs() - before

@@ -57,12 +57,16 @@ def _host_only_inputs(gm):
 
 
 def _runtime_int_inputs(gm, skip):
-    """Positions of the int inputs (SymInts Dynamo made of a Python int that
-    changed: a position, a step, an index) that no size or stride in the
-    graph depends on: the program may take their values at run time (x[n],
-    x * n, arange(n, n + k)), one executable for all. lower_graph narrows
-    this where an op needs a value (NeedsValue)."""
-    sized = set()  # symbols in any tensor's sizes or strides
+    """(positions, sizes) of the int inputs (SymInts Dynamo made of a Python
+    int that changed: a position, a step, an index) the program may take at
+    run time (x[n], x * n, arange(n, n + k)), one executable for all values.
+    An int no size or stride in the graph depends on qualifies; so does one
+    that sizes depend on through expressions of such int inputs alone (a batch
+    `source[i:i + min(35, len - 1 - i)]`): `sizes(args)` then evaluates those
+    expressions for a call, and the signature holds their values instead of
+    the int's. lower_graph narrows the positions where an op needs a value
+    (NeedsValue)."""
+    exprs = set()  # the graph's symbolic sizes and strides
     for n in gm.graph.nodes:
         for t in tree_flatten(n.meta.get("val"))[0]:
             if isinstance(t, torch.Tensor):
@@ -70,22 +74,48 @@ def _runtime_int_inputs(gm, skip):
                     dims = list(t.shape) + list(t.stride())
                 except RuntimeError:  # (layouts without strides)
                     dims = list(t.shape)
-                for d in dims:
-                    if isinstance(d, torch.SymInt):
-                        sized |= d.node.expr.free_symbols
-    out = []
-    for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
-        v = p.meta.get("val")
-        if i not in skip and isinstance(v, torch.SymInt) and v.node.expr.free_symbols and \
-                not v.node.expr.free_symbols & sized:  # (an expression: a backward's saved n % 8)
+                exprs.update(d.node.expr for d in dims if isinstance(d, torch.SymInt))
+    sized = set().union(*(e.free_symbols for e in exprs))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ints = {i: p.meta["val"].node.expr for i, p in enumerate(placeholders)
+            if i not in skip and isinstance(p.meta.get("val"), torch.SymInt) and p.meta["val"].node.expr.free_symbols}
+    bare = {e: i for i, e in ints.items() if e.is_Symbol}
+    out, keyed = [], set()
+    for i, e in ints.items():
+        if not e.free_symbols & sized:
             out.append(i)
-    return tuple(out)
+        elif e.is_Symbol:
+            related = {x for x in exprs if e in x.free_symbols}
+            if all(x.free_symbols <= bare.keys() for x in related):
+                out.append(i)
+                keyed |= related
+    sizes = _size_function(sorted(keyed, key=str), bare) if keyed else None
+    if keyed and sizes is None:  # (an expression Python cannot evaluate: those ints keyed)
+        out = [i for i in out if not ints[i].free_symbols & sized]
+    return tuple(out), sizes
+
+
+def _size_function(exprs, bare):
+    """args -> the values of `exprs` (sympy, over the bare int inputs'
+    symbols) for a call's arguments; None if they do not print as Python."""
+    from torch.utils._sympy.printers import PythonPrinter
+    symbols = sorted(set().union(*(e.free_symbols for e in exprs)), key=str)
+    try:
+        body = ", ".join(PythonPrinter().doprint(e) for e in exprs)
+        inner = eval(f"lambda {', '.join(map(str, symbols))}: ({body},)", {"min": min, "max": max})  # noqa: S307
+    except Exception:  # noqa: BLE001 - printed code that does not parse
+        return None
+    positions = [bare[s] for s in symbols]
+    return lambda args: inner(*[args[i] for i in positions])
 
 
 def _describe_change(old, new, names):
     changes = []
     for i, (o, n) in enumerate(zip(old, new)):
         if o == n:
+            continue
+        if o[0] == "sizes":  # sizes computed from int inputs the program takes at run time
+            changes.append(f"sizes set by int inputs {_fmt(o[1])} -> {_fmt(n[1])}")
             continue
         if o[0] == "checks":
             changes.append(f"value checks {'on' if o[1] else 'off'} -> {'on' if n[1] else 'off'}")
@@ -197,7 +227,7 @@ class CompiledGraphFn:
         self.constants = _lift_tensor_constants(gm)
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         self.host_only = _host_only_inputs(gm)
-        self.runtime_ints = _runtime_int_inputs(gm, self.host_only)
+        self.runtime_ints, self.sizes = _runtime_int_inputs(gm, self.host_only)
         self.unkeyed = self.host_only | set(self.runtime_ints)
 
     def __call__(self, *args):
@@ -207,11 +237,11 @@ class CompiledGraphFn:
         args.extend(self.constants)
         if capture.active() is not None:
             return self._capture(args)
-        sig = _signature(args, self.unkeyed)
+        sig = self._signature(args)
         candidates = self.entries.get(sig)
         if not candidates:
             entry = self._compile(args, sig)
-            sig = _signature(args, self.unkeyed)  # (compiling may have keyed more ints)
+            sig = self._signature(args)  # (compiling may have keyed more ints)
             candidates = self.entries[sig] = [entry]
         self.last_signature = sig
         if candidates[0] is None:
@@ -235,10 +265,10 @@ class CompiledGraphFn:
             entry = self._compile(args, sig, evicted)
             if entry is None:
                 return self._run_eagerly(args)
-            if _signature(args, self.unkeyed) == sig:
+            if self._signature(args) == sig:
                 candidates.append(entry)
             else:  # (compiling keyed more ints)
-                self.entries[_signature(args, self.unkeyed)] = [entry]
+                self.entries[self._signature(args)] = [entry]
             cg, lowered = entry
             outs = cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
         # The host part (it may update CPU inputs in place, e.g. step += 1)
@@ -248,6 +278,10 @@ class CompiledGraphFn:
         args.clear()
         stats.COUNTERS["compiled_graph_runs"] += 1
         return result
+
+    def _signature(self, args):
+        sig = _signature(args, self.unkeyed)
+        return sig + (("sizes", self.sizes(args)),) if self.sizes else sig
 
     def _capture(self, args):
         # A dry run (capture.py): lower and record; the outputs are placeholders.
