@@ -5,6 +5,7 @@ call with a new signature (shapes, dtypes, devices, int values) lowers the
 graph for those shapes and compiles it; later calls with that signature run
 the executable at once.
 """
+import math
 import os
 import sys
 import time
@@ -102,7 +103,7 @@ def _size_function(exprs, bare):
     symbols = sorted(set().union(*(e.free_symbols for e in exprs)), key=str)
     try:
         body = ", ".join(PythonPrinter().doprint(e) for e in exprs)
-        inner = eval(f"lambda {', '.join(map(str, symbols))}: ({body},)", {"min": min, "max": max})  # noqa: S307
+        inner = eval(f"lambda {', '.join(map(str, symbols))}: ({body},)", {"math": math})  # noqa: S307
     except Exception:  # noqa: BLE001 - printed code that does not parse
         return None
     positions = [bare[s] for s in symbols]
@@ -281,7 +282,13 @@ class CompiledGraphFn:
 
     def _signature(self, args):
         sig = _signature(args, self.unkeyed)
-        return sig + (("sizes", self.sizes(args)),) if self.sizes else sig
+        if not self.sizes:
+            return sig
+        try:
+            return sig + (("sizes", self.sizes(args)),)
+        except Exception:  # noqa: BLE001 - printed code Python cannot run: every int keyed instead
+            self.sizes, self.runtime_ints, self.unkeyed = None, (), set(self.host_only)
+            return _signature(args, self.unkeyed)
 
     def _capture(self, args):
         # A dry run (capture.py): lower and record; the outputs are placeholders.
