@@ -91,7 +91,10 @@ bool LoweringContext::to_bool(const std::string& name, bool dflt) const {
 std::vector<int64_t> LoweringContext::ints(const std::string& name) const {
   const Arg* a = find(name);
   if (!a || a->kind == Arg::None) return {};
-  if (a->kind == Arg::Int) return {a->scalar.i};
+  if (a->kind == Arg::Int) {
+    if (a->dynamic) scalar_value_read = true;
+    return {a->scalar.i};
+  }
   return a->ints;
 }
 
