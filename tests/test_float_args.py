@@ -647,10 +647,10 @@ def _same(a, b):
     return True
 
 
-def choose(target, arg, candidates, random):
+def choose(target, arg, candidates, random, values=_values):
     """(call, informative): the first candidate that runs on CPU with both values and whose
     results differ (informative); else the first that runs; None if none runs."""
-    v1, v2 = _values(target, arg)
+    v1, v2 = values(target, arg)
     fallback = None
     for call in (c for src in candidates for c in derive(target, src)):
         try:
@@ -666,8 +666,14 @@ def choose(target, arg, candidates, random):
 
 @pytest.fixture(scope="module")
 def plans():
-    """overload -> {arg: (call, informative) or None}, for the universe less SKIP."""
-    families = {_family(n) for n in UNIVERSE} | set(RELATED.values())
+    return make_plans(UNIVERSE, _values, _skip_reason)
+
+
+def make_plans(universe, values, skip_reason):
+    """overload -> {arg: (call, informative) or None}, for `universe` less what
+    `skip_reason` names; `values(name, arg)` gives the two values (tests/test_int_args.py
+    calls this with ints)."""
+    families = {_family(n) for n in universe} | set(RELATED.values())
     recorded = record_opinfo_calls(families)
     by_family = {}
     for name, cs in recorded.items():
@@ -675,16 +681,16 @@ def plans():
     for c in hand_calls() + random_calls():
         by_family.setdefault(_family(c.name), []).append(c)
     out = {}
-    for name, args in UNIVERSE.items():
+    for name, args in universe.items():
         fam = _family(name)
         cands = by_family.get(fam, []) + by_family.get(RELATED.get(fam, ""), [])
         # the target's own calls first
         cands = [c for c in cands if c.name == name] + [c for c in cands if c.name != name]
         if _is_random(name):  # statistics need the big random_calls() inputs
             cands = [c for c in cands if c.where == "random"]
-        out[name] = {arg: None if _skip_reason(name, arg) else
+        out[name] = {arg: None if skip_reason(name, arg) else
                      (Call(name, {}, "custom"), True) if name in CUSTOM else
-                     choose(name, arg, cands, _is_random(name)) for arg in args}
+                     choose(name, arg, cands, _is_random(name), values) for arg in args}
     return out
 
 
@@ -740,10 +746,10 @@ def _random_diff(actual, expected):
     return None
 
 
-def check_arg(name, arg, call, random):
+def check_arg(name, arg, call, random, values=_values):
     """Failure lines for v1 then v2 of `arg` (empty when both match CPU)."""
     bad = []
-    for v in _values(name, arg):
+    for v in values(name, arg):
         try:
             if name in CUSTOM:
                 actual, expected = CUSTOM[name](arg, v)

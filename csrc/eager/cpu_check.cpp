@@ -249,7 +249,7 @@ std::pair<double, double> range_of() {
 }
 
 // c10::overflows<To, double> (checked_convert skips bool).
-bool overflows(double v, c10::ScalarType t) {
+bool overflows(double v, c10::ScalarType t, bool from_int) {
   if (t == c10::kBool || t == c10::kDouble || t == c10::kComplexDouble) return false;
   bool floating = c10::isFloatingType(t) || c10::isComplexType(t);
   // (float8_e4m3fn and the fnuz types have no infinity: inf overflows them.)
@@ -269,6 +269,9 @@ bool overflows(double v, c10::ScalarType t) {
     default:
       return false;
   }
+  // (c10::overflows lets an integer wrap into an unsigned type from -max:
+  // uint8 fill_(-1) is 255, fill_(-256) raises.)
+  if (from_int && c10::isIntegralType(t, false) && r.first == 0) r.first = -r.second;
   return v < r.first || v > r.second;
 }
 
@@ -399,14 +402,18 @@ std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10:
   std::vector<ScalarCheck> checks;
   const auto& schema = op.schema();
   bool any = false;
-  for (const ScalarInput& s : inst.scalars) any |= s.from_float_arg && s.arg >= 0;
+  for (const ScalarInput& s : inst.scalars) any |= s.from_arg && s.arg >= 0;
   if (!any || !enabled() || skipped(schema, args, random)) return checks;
-  if (!small_call(args, output_elements(meta))) return checks;
+  // Whether CPU's kernel checks the conversion depends on dtypes, not sizes:
+  // a large call is asked shrunk (every later value of the plan relies on it).
+  bool small = small_call(args, output_elements(meta));
   for (size_t k = 0; k < inst.scalars.size(); ++k) {
     const ScalarInput& s = inst.scalars[k];
-    if (!s.from_float_arg || s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) continue;
-    torch::jit::Stack stack = probe_stack(schema, args, ProbeArgs{0.0});
-    stack[s.arg] = kHugeFloat;
+    if (!s.from_arg || s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) continue;
+    torch::jit::Stack stack = small ? probe_stack(schema, args, ProbeArgs{0.0})
+                                    : shrunk_stack(schema, args, 0.0, Control::None);
+    // (An int fitting no narrower integer type; a float fitting no narrower float type.)
+    stack[s.arg] = s.is_int ? c10::IValue(int64_t{1} << 62) : c10::IValue(kHugeFloat);
     CpuError err;
     if (call(op, std::move(stack), &err) != Outcome::Failed) continue;
     static const std::string kHead = "value cannot be converted to type ", kTail = " without overflow";
@@ -424,8 +431,8 @@ std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10:
 
 void check_scalars(const std::vector<ScalarCheck>& checks, const OpInstance& inst, const std::string& op) {
   for (const ScalarCheck& c : checks) {
-    double v = inst.scalars[c.scalar].value;
-    if (overflows(v, c.type))
+    const ScalarInput& s = inst.scalars[c.scalar];
+    if (overflows(s.value, c.type, s.is_int))
       TORCH_CHECK(false, "torch_pjrt: ", op, " on tpu (", c10::toString(c.type), "): value cannot be converted to type ",
                   c.type_name, " without overflow");
   }

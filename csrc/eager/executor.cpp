@@ -140,6 +140,16 @@ std::vector<double> probe_values(double v) {
   return {v + far, v - far, v + 0.01 * std::max(1.0, std::fabs(v))};
 }
 
+// The same for an int Scalar argument: integers far up, far down and next to
+// it, each a runtime int too (not the schema default).
+int64_t int_probe_value(const c10::Argument& a, int64_t v, int probe) {
+  int64_t far = 2 * std::max<int64_t>(1, v < 0 ? -v : v) + 1;
+  int64_t p = probe == 0 ? v + far : probe == 1 ? v - far : v + 1;
+  if (!exact_in_pack(p)) p = v / 2 + (probe == 0 ? 1 : probe == 1 ? -1 : 3);  // (v near the pack's limit)
+  if (!runtime_int_arg(a, p)) p += 7;  // the schema default (a constant): a value near it
+  return p;
+}
+
 // Whether every float argument of this call may be a runtime input: the
 // program (text and out= sizes) must not change when one of them does. The
 // general rule behind "keyed by value": a lowering that reads a float's value
@@ -175,15 +185,19 @@ FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
       return std::nullopt;
     }
   };
+  const auto& sargs = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     bool is_double = args[i].isDouble();
+    bool is_int = args[i].isInt() && runtime_int_arg(sargs[i], args[i].toInt());
     bool is_list = inst.foreach && is_scalar_list(args[i]);
-    if (!is_double && !is_list) continue;
+    if (!is_double && !is_int && !is_list) continue;
     bool any_valid = false;
     for (int probe = 0; probe < 3; ++probe) {
       std::vector<c10::IValue> changed(args.begin(), args.end());
       if (is_double) {
         changed[i] = probe_values(args[i].toDouble())[probe];
+      } else if (is_int) {
+        changed[i] = int_probe_value(sargs[i], args[i].toInt(), probe);
       } else {
         c10::impl::GenericList list = args[i].toList().copy();  // keeps the element type
         for (size_t k = 0; k < list.size(); ++k)
@@ -200,9 +214,15 @@ FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   return any_rejected ? FloatMode::Validated : FloatMode::Dynamic;
 }
 
-bool has_float_args(const OpInstance& inst) {
+bool has_scalar_args(const OpInstance& inst) {
   for (const auto& s : inst.scalars)
-    if (s.from_float_arg) return true;
+    if (s.from_arg) return true;
+  return false;
+}
+
+bool has_int_args(const OpInstance& inst) {
+  for (const auto& s : inst.scalars)
+    if (s.from_arg && s.is_int) return true;
   return false;
 }
 
@@ -321,6 +341,10 @@ struct OpStatic {
   bool self_apart_from_inputs = false;
   const lowering::LoweringInfo* info = nullptr;
   FloatMode mode = FloatMode::Unknown;  // once learned (it never changes after)
+  // The same for calls with a runtime int argument (learned apart: a lowering
+  // may read an int exponent's value where it takes a float one at run time).
+  FloatMode int_mode = FloatMode::Unknown;
+  std::string int_mode_name;  // display + " (int)"
   // A composite op routed here (lowering_routes.cpp): its PyTorch kernel.
   std::optional<c10::DispatchKey> composite;
   // Its programs have float32 dots or convolutions: keyed by torch's matmul
@@ -361,6 +385,7 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
     else if (overload == "ScalarList") st->lookup_overload = "Scalar";
   }
   st->display = op_display_name(schema);
+  st->int_mode_name = st->display + " (int)";
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
   for (auto key : {c10::DispatchKey::CompositeExplicitAutograd, c10::DispatchKey::CompositeExplicitAutogradNonFunctional})
     if (!st->composite && op.hasKernelForDispatchKey(key)) st->composite = key;
@@ -400,7 +425,7 @@ void validate_floats(Plan& plan, const c10::OperatorHandle& op, c10::ArrayRef<c1
   constexpr size_t kRemembered = 8;
   std::vector<uint64_t> bits;
   for (const ScalarInput& s : inst.scalars) {
-    if (!s.from_float_arg) continue;
+    if (!s.from_arg) continue;
     uint64_t b;
     std::memcpy(&b, &s.value, sizeof(b));
     bits.push_back(b);
@@ -485,9 +510,12 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
   // With no float arguments the two keys are the same, and an op that never
   // takes one (add(x, y)) never learns its mode: no per-call lookup then.
-  bool floats = has_float_args(inst);
-  if (floats && st.mode == FloatMode::Unknown) st.mode = float_mode(display);
-  FloatMode mode = st.mode;
+  bool floats = has_scalar_args(inst);
+  bool ints = floats && has_int_args(inst);
+  FloatMode& op_mode = ints ? st.int_mode : st.mode;
+  const std::string& mode_name = ints ? st.int_mode_name : display;
+  if (floats && op_mode == FloatMode::Unknown) op_mode = float_mode(mode_name);
+  FloatMode mode = op_mode;
   bool runtime_floats = mode == FloatMode::Dynamic || mode == FloatMode::Validated;
   thread_local std::string static_key;
   std::shared_ptr<Plan> plan =
@@ -523,8 +551,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     plan = lower(op, args, inst, *info, base, lookup_overload, meta, dynamic);
     if (dynamic && mode == FloatMode::Unknown && floats) {
       FloatMode learned = learn_float_mode(op, args, inst, *info, base, lookup_overload, *plan);
-      set_float_mode(display, learned);
-      st.mode = learned;
+      set_float_mode(mode_name, learned);
+      op_mode = learned;
       if (learned == FloatMode::Static) {
         dynamic = false;
         plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
@@ -532,8 +560,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     } else if (dynamic && plan->read_scalar_value) {
       // (A known-dynamic op whose lowering read a float after all.)
       dynamic = false;
-      set_float_mode(display, FloatMode::Static);
-      st.mode = FloatMode::Static;  // (the per-operator copy too, else every call would miss)
+      set_float_mode(mode_name, FloatMode::Static);
+      op_mode = FloatMode::Static;  // (the per-operator copy too, else every call would miss)
       plan = lower(op, args, inst, *info, base, lookup_overload, meta, false);
     }
     plan->resizes = std::move(resizes);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "device/dtype_map.h"
+#include "eager/env.h"
 #include "eager/plan.h"
 
 namespace torch_pjrt::eager {
@@ -21,6 +22,35 @@ std::string op_display_name(const c10::FunctionSchema& schema) {
   std::string n = schema.name();
   if (!schema.overload_name().empty()) n += "." + schema.overload_name();
   return n;
+}
+
+bool runtime_ints_enabled() {
+  static const bool on = env_choice("TORCH_PJRT_RUNTIME_INTS", "on", {"on", "off"}) == "on";
+  return on;
+}
+
+bool exact_in_pack(int64_t v) {
+  int64_t limit = scalar_pack_dtype() == DType::F32 ? (int64_t{1} << 24) : (int64_t{1} << 53);
+  return v >= -limit && v <= limit;
+}
+
+bool runtime_int_arg(const c10::Argument& a, int64_t v) {
+  const c10::Type* t = a.real_type().get();
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType().get();
+  if (t->kind() != c10::TypeKind::NumberType || !runtime_ints_enabled()) return false;
+  const auto& dflt = a.default_value();
+  if (dflt && dflt->isInt() && dflt->toInt() == v) return false;
+  return exact_in_pack(v);
+}
+
+bool runtime_int_scalar(c10::ScalarType t, const c10::Scalar& v) {
+  if (!runtime_ints_enabled()) return false;
+  switch (t) {
+    case c10::kLong: case c10::kInt: case c10::kShort: case c10::kChar: case c10::kByte:
+      return v.isIntegral(false) && exact_in_pack(v.toLong());
+    default:
+      return false;
+  }
 }
 
 bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
@@ -92,7 +122,12 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
       else inst.put(int_scalar(v).i);  // (the scalar type, keyed above, tells uint64 bits apart)
     };
     if (t.dim() == 0) {
-      record(cpu_scalar(t));  // the common case (x * 0.5): one read, no reshape
+      c10::Scalar v = cpu_scalar(t);  // the common case (x * 0.5): one read, no reshape
+      // An integer one (x + n): a runtime input too, marked apart from a keyed value.
+      bool runtime_int = runtime_int_scalar(t.scalar_type(), v);
+      if (!is_float && !is_complex) inst.put(runtime_int ? 'r' : 'k');
+      if (runtime_int) inst.scalars.push_back(ScalarInput{static_cast<double>(v.toLong()), false, -1, true});
+      else record(v);
     } else {
       at::Tensor flat = t.reshape({-1});
       for (int64_t i = 0; i < flat.numel(); ++i) record(flat[i].item());
@@ -174,14 +209,19 @@ void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::Arr
       inst.put('b');
       inst.put(static_cast<int64_t>(v.toBool()));
     } else if (v.isInt()) {
-      inst.put('i');
-      inst.put(v.toInt());
+      if (runtime_int_arg(sargs[i], v.toInt())) {
+        inst.put('j');
+        inst.put_scalar_arg(static_cast<double>(v.toInt()), ai, /*is_int=*/true);
+      } else {
+        inst.put('i');
+        inst.put(v.toInt());
+      }
     } else if (is_uint64_scalar(v)) {
       inst.put('u');
       inst.put(static_cast<int64_t>(v.toUInt()));
     } else if (v.isDouble()) {
       inst.put('d');
-      inst.put_float_arg(v.toDouble(), ai);
+      inst.put_scalar_arg(v.toDouble(), ai);
     } else if (v.isIntList()) {
       inst.put('l');
       inst.put(v.toIntVector());
@@ -194,7 +234,7 @@ void describe_args(OpInstance& inst, const c10::FunctionSchema& schema, c10::Arr
     } else if (is_scalar_list(v)) {
       inst.put('S');
       for (const auto& e : v.toListRef()) {
-        if (e.isDouble() && inst.foreach) inst.put_float_arg(e.toDouble());
+        if (e.isDouble() && inst.foreach) inst.put_scalar_arg(e.toDouble());
         else if (e.isDouble()) { double d = e.toDouble(); inst.put_raw(&d, sizeof(d)); }
         else if (is_uint64_scalar(e)) { inst.put('u'); inst.put(static_cast<int64_t>(e.toUInt())); }
         else if (e.isBool()) { inst.put('b'); inst.put(static_cast<int64_t>(e.toBool())); }

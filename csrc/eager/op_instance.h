@@ -24,12 +24,15 @@ struct Slot {
   int storage;       // index into `storages`
 };
 
-// A runtime scalar input: a float CPU 0-d tensor (often a wrapped Python
-// number), a float argument, or an element of a _foreach_ scalar list.
+// A runtime scalar input: a float or integer CPU 0-d tensor (often a wrapped
+// Python number), a float argument, an int `Scalar` argument, or an element of
+// a _foreach_ scalar list. Integers travel in the same pack, exactly
+// (exact_in_pack).
 struct ScalarInput {
   double value;
-  bool from_float_arg;  // a `float`/`Scalar` argument (runtime only in dynamic mode)
+  bool from_arg;        // a `float`/`Scalar` argument (runtime only in dynamic mode)
   int arg = -1;         // that argument's index (not for list elements and tensors)
+  bool is_int = false;  // a Python int (or an integer CPU scalar)
 };
 
 struct OpInstance {
@@ -55,7 +58,7 @@ struct OpInstance {
   std::string_view static_key_into(std::string& k) const {
     k.assign(key.data(), key.size());
     for (const ScalarInput& s : scalars)
-      if (s.from_float_arg) k.append(reinterpret_cast<const char*>(&s.value), sizeof(s.value));
+      if (s.from_arg) k.append(reinterpret_cast<const char*>(&s.value), sizeof(s.value));
     return k;
   }
 
@@ -70,10 +73,11 @@ struct OpInstance {
     for (auto v : a) put(v);
   }
   void put(const std::string& s) { put_raw(s.data(), s.size()); put('\0'); }
-  // A float that is a runtime input in dynamic mode, part of the key otherwise.
-  void put_float_arg(double d, int arg = -1) {
+  // A float (or an int Scalar, runtime_int_arg) that is a runtime input in
+  // dynamic mode, part of the key otherwise.
+  void put_scalar_arg(double d, int arg = -1, bool is_int = false) {
     key.push_back('~');
-    scalars.push_back(ScalarInput{d, true, arg});
+    scalars.push_back(ScalarInput{d, true, arg, is_int});
   }
 };
 
@@ -85,6 +89,22 @@ inline lowering::Scalar int_scalar(const c10::Scalar& s) {
   return s.type() == c10::ScalarType::UInt64 ? lowering::Scalar::from_uint(s.toUInt64())
                                              : lowering::Scalar::from_int(s.toLong());
 }
+
+// TORCH_PJRT_RUNTIME_INTS=on (default) | off: off keys every int by value,
+// as before (benchmarks/int_scalars.py compares the two).
+bool runtime_ints_enabled();
+// Whether integer `v` is carried exactly by the runtime scalar pack
+// (scalar_pack_dtype: f64, or f32 on TPUs); larger ones are keyed by value.
+bool exact_in_pack(int64_t v);
+// An int passed for a `Scalar` argument (x.clamp(max=n), fill_(n),
+// masked_fill(m, n), add(alpha=n)) is a runtime input, learned per operator as
+// float arguments are, unless it is the argument's schema default (add's
+// alpha=1 stays a constant: the common call has no extra input) or too large.
+// int arguments (dims, sizes) always stay keyed.
+bool runtime_int_arg(const c10::Argument& a, int64_t v);
+// An integer CPU 0-d tensor (x + n wraps n into one) is a runtime input, as
+// a float one is (no mode: its value reaches the lowering only as a value).
+bool runtime_int_scalar(c10::ScalarType t, const c10::Scalar& v);
 
 bool is_write(const c10::Argument& a);
 std::string tpu_name(int index);

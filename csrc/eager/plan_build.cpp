@@ -234,7 +234,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   // Runtime scalars, one vector parameter (scalar_pack_dtype).
   std::optional<Value> scalar_pack;
   int64_t n_scalars = 0;
-  for (const auto& s : inst.scalars) n_scalars += (!s.from_float_arg || dynamic_floats);
+  for (const auto& s : inst.scalars) n_scalars += (!s.from_arg || dynamic_floats);
   if (n_scalars > 0) {
     scalar_pack = b.param(TensorType{scalar_pack_dtype(), {n_scalars}});
     plan->params.push_back(ParamSource{ParamSource::Scalars});
@@ -244,7 +244,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   // The next entry of inst.scalars: a runtime value, or nullopt when keyed by value.
   auto next_scalar = [&]() -> std::optional<Value> {
     const ScalarInput& s = inst.scalars.at(scalar_cursor++);
-    if (s.from_float_arg && !dynamic_floats) return std::nullopt;
+    if (s.from_arg && !dynamic_floats) return std::nullopt;
     int64_t k = pack_cursor++;
     return b.reshape(b.slice(*scalar_pack, {k}, {k + 1}), {});
   };
@@ -320,7 +320,8 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       } else if (c10::isFloatingType(t.scalar_type())) {
         a->tensor = b.convert(*next_scalar(), dt);
       } else {
-        a->tensor = b.constant(int_scalar(t.item()), dt);
+        c10::Scalar v = t.item();  // (exact in the pack: f64 -> integer converts exactly)
+        a->tensor = runtime_int_scalar(t.scalar_type(), v) ? b.convert(*next_scalar(), dt) : b.constant(int_scalar(v), dt);
       }
       return;
     }
@@ -408,6 +409,9 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
         a.dtype = device::to_dtype(static_cast<c10::ScalarType>(v.toInt()));
       } else {
         scalar_arg(v, &a);
+        // An int Scalar argument (runtime_int_arg): the lowering sees it as an s64 value.
+        if (runtime_int_arg(sargs[i], v.toInt()))
+          if (std::optional<Value> d = next_scalar()) a.dynamic = b.convert(*d, DType::I64);
       }
     } else if (v.isDouble() || v.isComplexDouble() || is_uint64_scalar(v)) {
       scalar_arg(v, &a);
@@ -585,7 +589,7 @@ std::shared_ptr<Plan> lower(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
         rp.kind = ReturnPlan::Undefined;
         plan->returns.push_back(rp);
       } else if (mv.isInt() && std::all_of(inst.scalars.begin(), inst.scalars.end(),
-                                           [](const ScalarInput& s) { return s.from_float_arg; })) {
+                                           [](const ScalarInput& s) { return s.from_arg && !s.is_int; })) {
         // An int the Meta kernel computed without data (a size, e.g. fused
         // attention's max_q): no device read, which would wait for the queue.
         // (Meta saw no tensor values; ints returned never depend on float

@@ -21,7 +21,7 @@ c10::SmallVector<double, 8> scalar_values(const Plan& plan, const OpInstance& in
   c10::SmallVector<double, 8> host;
   host.reserve(inst.scalars.size());
   for (const auto& s : inst.scalars)
-    if (!s.from_float_arg || plan.dynamic_floats) host.push_back(s.value);
+    if (!s.from_arg || plan.dynamic_floats) host.push_back(s.value);
   return host;
 }
 

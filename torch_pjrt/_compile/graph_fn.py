@@ -214,6 +214,12 @@ def _lift_tensor_constants(gm):
     return constants
 
 
+def _run_program(cg, lowered, tensors, args):
+    """The program's outputs (None where it holds for another view geometry); its runtime
+    ints go in one s64 pack after the tensors."""
+    return cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
+
+
 class CompiledGraphFn:
     def __init__(self, gm, name, after_recompile=False, is_piece=False):
         # AOTAutograd passes one list, which we clear. (An instance attribute:
@@ -256,7 +262,7 @@ class CompiledGraphFn:
         evicted = False
         for cg, lowered in list(candidates):
             # Programs that read view inputs in place hold for one view geometry.
-            outs = cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
+            outs = _run_program(cg, lowered, tensors, args)
             if outs is not None:
                 break
             if not cg.resident():  # evicted from the bounded executable cache
@@ -266,12 +272,13 @@ class CompiledGraphFn:
             entry = self._compile(args, sig, evicted)
             if entry is None:
                 return self._run_eagerly(args)
-            if self._signature(args) == sig:
+            new_sig = self._signature(args)
+            if new_sig == sig:
                 candidates.append(entry)
             else:  # (compiling keyed more ints)
-                self.entries[self._signature(args)] = [entry]
+                self.entries[new_sig] = [entry]
             cg, lowered = entry
-            outs = cg.run(tensors + [int_pack(args, lowered.runtime_ints)] if lowered.runtime_ints else tensors)
+            outs = _run_program(cg, lowered, tensors, args)
         # The host part (it may update CPU inputs in place, e.g. step += 1)
         # runs after the program has read their values from before.
         host_values = lowered.host(args) if lowered.host else ()
