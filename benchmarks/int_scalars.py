@@ -6,8 +6,9 @@ Two parts, each run in a fresh process per setting with its own empty persistent
   programs compiled and seconds for the 100 calls;
 - eager decoding with an int position (a decoder block with a static KV cache, Llama's
   reference style: `arange(capacity) <= start`, `freqs[start:start + 1]`), strict and
-  fused: programs compiled, seconds for the first pass over the positions (compiles
-  included) and the warm median per token (a second pass).
+  fused (each token a `torch_pjrt.fused()` region), each in its own processes: programs
+  compiled (op programs and fused ones), seconds for the first pass over the positions
+  (compiles included) and the warm median per token (a second pass).
 
     python benchmarks/int_scalars.py [--tokens 40] [--markdown]
 """
@@ -22,7 +23,7 @@ CHILD = r'''
 import json, statistics, sys, time
 import torch, torch_pjrt
 
-tokens = int(sys.argv[1])
+tokens, part = int(sys.argv[1]), sys.argv[2]
 M = torch_pjrt.metrics
 out = {}
 
@@ -43,7 +44,7 @@ ops = {
     "i64.fill_(n)": lambda n: i64.clone().fill_(n),
     "where(m, x, n)": lambda n: torch.where(m, src, n),
 }
-for name, f in ops.items():
+for name, f in (ops.items() if part == "ops" else ()):
     f(0); f(1); sync()
     c0, t0 = M()["xla_compiles"], time.perf_counter()
     for n in range(2, 102):
@@ -93,7 +94,7 @@ model_cpu = Block().eval()
 xs_cpu = [torch.randn(1, 1, 64) for _ in range(tokens)]
 with torch.no_grad():
     want = decode(model_cpu, xs_cpu, False)
-for mode in ("strict", "fused"):
+for mode in (() if part == "ops" else (part,)):
     model = Block().eval()
     model.load_state_dict(model_cpu.state_dict())
     model = model.to("tpu")
@@ -103,6 +104,7 @@ for mode in ("strict", "fused"):
         got = decode(model, xs, mode == "fused")
         first = time.perf_counter() - t0
         programs = M()["xla_compiles"] - c0
+        fused_programs = M()["fused_programs_compiled"] - f0
         per = []
         for p, x in enumerate(xs):
             t = time.perf_counter()
@@ -113,17 +115,17 @@ for mode in ("strict", "fused"):
                 model(x, p).sum().item()
             per.append(time.perf_counter() - t)
     err = max(abs(a - b) for a, b in zip(got, want))
-    out["decode " + mode] = dict(programs=programs, seconds=first, warm_ms=statistics.median(per) * 1e3,
+    out["decode " + mode] = dict(programs=programs, fused=fused_programs, seconds=first, warm_ms=statistics.median(per) * 1e3,
                                  max_err=err)
 print("RESULT " + json.dumps(out))
 '''
 
 
-def child(setting, tokens):
+def child(setting, tokens, part):
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCH_PJRT_RUNTIME_INTS=setting, TORCH_PJRT_CACHE_DIR=cache,
                    TF_CPP_MIN_LOG_LEVEL="2")
-        r = subprocess.run([sys.executable, "-c", CHILD, str(tokens)], env=env, capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", CHILD, str(tokens), part], env=env, capture_output=True, text=True,
                            timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"child ({setting}) failed:\n{r.stderr[-3000:]}")
@@ -136,15 +138,19 @@ def main():
     ap.add_argument("--tokens", type=int, default=40)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    runtime, keyed = child("on", a.tokens), child("off", a.tokens)
+    runtime, keyed = {}, {}
+    for part in ("ops", "strict", "fused"):  # (each in its own processes: nothing compiled before)
+        runtime.update(child("on", a.tokens, part))
+        keyed.update(child("off", a.tokens, part))
     rows = []
     for name in runtime:
         r, k = runtime[name], keyed[name]
         warm = f"{r['warm_ms']:.3f} / {k['warm_ms']:.3f}" if "warm_ms" in r else ""
         err = f"{max(r['max_err'], k['max_err']):.1e}" if "max_err" in r else ""
-        rows.append([name, str(r["programs"]), str(k["programs"]), f"{r['seconds']:.2f}", f"{k['seconds']:.2f}",
+        progs = [f"{x['programs']} ({x['fused']} fused)" if x.get("fused") else str(x["programs"]) for x in (r, k)]
+        rows.append([name, *progs, f"{r['seconds']:.2f}", f"{k['seconds']:.2f}",
                      warm, err])
-    head = ["what", "programs (runtime ints)", "programs (keyed)", "seconds (runtime)", "seconds (keyed)",
+    head = ["what", "XLA compiles (runtime ints)", "XLA compiles (keyed)", "seconds (runtime)", "seconds (keyed)",
             "warm ms/token (runtime / keyed)", "max |err| vs CPU"]
     if a.markdown:
         print("| " + " | ".join(head) + " |")
