@@ -243,3 +243,57 @@ def test_fused_trace_reuses_one_program_for_every_int():
             got = step(xt, pos, "tpu").item()
         assert got == step(xc, pos, "cpu").item(), pos
     assert torch_pjrt.metrics()["fused_programs_compiled"] - before <= 2
+
+
+# ---- CPU's value checks of runtime ints (found by fuzzing this change) -----------------------
+
+def _same_outcome(fn, dev_tensors, cpu_tensors, v):
+    try:
+        want = fn(*cpu_tensors, v)
+    except Exception as e:  # noqa: BLE001 - compared by type
+        with pytest.raises(type(e)):
+            fn(*dev_tensors, v)
+        return
+    torch.testing.assert_close(fn(*dev_tensors, v).cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+def test_sub_alpha_overflow_is_cpus_negated_check(dtype):
+    """sub computes x + (-alpha) * y: CPU checks -alpha, so int8 alpha=128 works and
+    alpha=-128 raises (a check of alpha itself would do the reverse)."""
+    lim = torch.iinfo(dtype).max + 1
+    x, y = torch.tensor([1, 2], dtype=dtype), torch.tensor([1, 1], dtype=dtype)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for v in (3, 5, lim, -lim, lim - 1, -lim + 1, 7):
+        _same_outcome(lambda a, b, v: a.sub(b, alpha=v), (xt, yt), (x, y), v)
+        _same_outcome(lambda a, b, v: torch.rsub(a, 7, alpha=v), (xt, yt), (x, y), v)
+
+
+def test_value_checks_of_cpus_kernel_at_every_new_int():
+    """CPU kernel checks of an int's value (not made by the Meta kernel) raise at the op for
+    every value, after other values built the program (and after another dtype taught the
+    operator that its ints are runtime inputs)."""
+    f = torch.nn.functional
+    i8 = torch.tensor([1, 5, 9], dtype=torch.int8)
+    u8 = torch.tensor([1, 5, 9], dtype=torch.uint8)
+    for lo in (-4, 0, -6, 2, -1):
+        _same_outcome(lambda x, v: f.hardtanh(x, v, 7), (i8.to("tpu"),), (i8,), lo)
+        _same_outcome(lambda x, v: f.hardtanh(x, v, 7), (u8.to("tpu"),), (u8,), lo)
+
+
+@pytest.mark.parametrize("op", ["floordiv", "mod", "div_floor", "remainder"])
+def test_integer_division_by_a_python_zero_raises_at_the_op(op):
+    """i64 // 0 raises CPU's ZeroDivisionError (a RuntimeError) at the op, not at a later
+    read, after other divisors built the program; the next op is unaffected."""
+    fns = {"floordiv": lambda x, n: x // n, "mod": lambda x, n: x % n,
+           "div_floor": lambda x, n: x.div(n, rounding_mode="floor"), "remainder": lambda x, n: x.remainder(n)}
+    fn = fns[op]
+    x = torch.tensor([4, 7])
+    xt = x.to("tpu")
+    for n in (3, 5, 0, -2, 0, 4):
+        if n == 0:
+            with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                fn(xt, n)
+            assert (xt + 1).cpu().tolist() == [5, 8]
+        else:
+            assert torch.equal(fn(xt, n).cpu(), fn(x, n)), n

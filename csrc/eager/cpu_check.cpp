@@ -249,7 +249,7 @@ std::pair<double, double> range_of() {
 }
 
 // c10::overflows<To, double> (checked_convert skips bool).
-bool overflows(double v, c10::ScalarType t, bool from_int) {
+bool overflows(double v, c10::ScalarType t) {
   if (t == c10::kBool || t == c10::kDouble || t == c10::kComplexDouble) return false;
   bool floating = c10::isFloatingType(t) || c10::isComplexType(t);
   // (float8_e4m3fn and the fnuz types have no infinity: inf overflows them.)
@@ -269,9 +269,6 @@ bool overflows(double v, c10::ScalarType t, bool from_int) {
     default:
       return false;
   }
-  // (c10::overflows lets an integer wrap into an unsigned type from -max:
-  // uint8 fill_(-1) is 255, fill_(-256) raises.)
-  if (from_int && c10::isIntegralType(t, false) && r.first == 0) r.first = -r.second;
   return v < r.first || v > r.second;
 }
 
@@ -402,18 +399,18 @@ std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10:
   std::vector<ScalarCheck> checks;
   const auto& schema = op.schema();
   bool any = false;
-  for (const ScalarInput& s : inst.scalars) any |= s.from_arg && s.arg >= 0;
+  for (const ScalarInput& s : inst.scalars) any |= s.from_arg && !s.is_int && s.arg >= 0;
   if (!any || !enabled() || skipped(schema, args, random)) return checks;
   // Whether CPU's kernel checks the conversion depends on dtypes, not sizes:
   // a large call is asked shrunk (every later value of the plan relies on it).
   bool small = small_call(args, output_elements(meta));
   for (size_t k = 0; k < inst.scalars.size(); ++k) {
     const ScalarInput& s = inst.scalars[k];
-    if (!s.from_arg || s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) continue;
+    // (Ints: check_int_values asks CPU itself, which also gets sub's -alpha right.)
+    if (!s.from_arg || s.is_int || s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) continue;
     torch::jit::Stack stack = small ? probe_stack(schema, args, ProbeArgs{0.0})
                                     : shrunk_stack(schema, args, 0.0, Control::None);
-    // (An int fitting no narrower integer type; a float fitting no narrower float type.)
-    stack[s.arg] = s.is_int ? c10::IValue(int64_t{1} << 62) : c10::IValue(kHugeFloat);
+    stack[s.arg] = kHugeFloat;  // (fits no narrower float type)
     CpuError err;
     if (call(op, std::move(stack), &err) != Outcome::Failed) continue;
     static const std::string kHead = "value cannot be converted to type ", kTail = " without overflow";
@@ -429,10 +426,113 @@ std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10:
   return checks;
 }
 
+namespace {
+
+// The probe's stack (the call shrunk, tensors all ones) with the runtime ints
+// set to `values` (one per is_int scalar, in order): an int Scalar argument,
+// or a wrapped integer tensor.
+torch::jit::Stack int_probe_stack(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                  const OpInstance& inst, const std::vector<int64_t>& values) {
+  torch::jit::Stack stack = shrunk_stack(schema, args, 1.0, Control::None);
+  size_t k = 0;
+  for (const ScalarInput& s : inst.scalars) {
+    if (!s.is_int) continue;
+    int64_t v = values.at(k++);
+    if (s.from_arg) {
+      stack[s.arg] = v;
+    } else {
+      const at::Tensor& t = args[s.arg].toTensor();
+      at::Tensor r = at::scalar_tensor(v, at::TensorOptions().dtype(t.scalar_type()));
+      r.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+      stack[s.arg] = r;
+    }
+  }
+  return stack;
+}
+
+std::vector<int64_t> int_values(const OpInstance& inst) {
+  std::vector<int64_t> v;
+  for (const ScalarInput& s : inst.scalars)
+    if (s.is_int) v.push_back(static_cast<int64_t>(s.value));
+  return v;
+}
+
+// Whether every runtime int can be set in a probe (a wrapped tensor in a list cannot).
+bool ints_settable(c10::ArrayRef<c10::IValue> args, const OpInstance& inst) {
+  bool any = false;
+  for (const ScalarInput& s : inst.scalars) {
+    if (!s.is_int) continue;
+    if (s.arg < 0 || static_cast<size_t>(s.arg) >= args.size()) return false;
+    if (!s.from_arg && !args[s.arg].isTensor()) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
+namespace {
+bool asks_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                     bool random) {
+  const auto& schema = op.schema();
+  if (!enabled() || skipped(schema, args, random) || !ints_settable(args, inst)) return false;
+  std::vector<int64_t> own = int_values(inst);
+  if (call(op, int_probe_stack(schema, args, inst, own), nullptr) != Outcome::Ok) return false;
+  // Zero, signs, the integer dtypes' edges, and far beyond them.
+  static const int64_t kProbes[] = {0, -1, 1, 127, 128, -129, 255, 256, -256, 32768, -32769, int64_t{1} << 31,
+                                    -(int64_t{1} << 31) - 1, int64_t{1} << 40, -(int64_t{1} << 40)};
+  std::vector<const ScalarInput*> ints;
+  for (const ScalarInput& s : inst.scalars)
+    if (s.is_int) ints.push_back(&s);
+  for (size_t k = 0; k < own.size(); ++k) {
+    // (A CPU scalar tensor holds only values of its dtype: torch.tensor(n, dtype=torch.int16).)
+    std::optional<c10::ScalarType> holder;
+    if (!ints[k]->from_arg) holder = args[ints[k]->arg].toTensor().scalar_type();
+    for (int64_t p : kProbes) {
+      if (!exact_in_pack(p) || (holder && overflows(static_cast<double>(p), *holder))) continue;
+      std::vector<int64_t> v = own;
+      v[k] = p;
+      if (call(op, int_probe_stack(schema, args, inst, v), nullptr) == Outcome::Failed) return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+bool learn_int_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                            bool random) {
+  try {
+    return asks_int_values(op, args, inst, random);
+  } catch (const std::exception&) {
+    return false;  // (a probe that cannot be built: nothing learned)
+  }
+}
+
+
+void check_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                      std::vector<std::vector<int64_t>>& accepted, size_t& next) {
+  constexpr size_t kRemembered = 8;
+  std::vector<int64_t> v = int_values(inst);
+  for (const auto& seen : accepted)
+    if (seen == v) return;
+  const auto& schema = op.schema();
+  CpuError err;
+  // (The plan's own values passed on this same shrunk call with the same
+  // data: a failure now comes from the ints.)
+  if (call(op, int_probe_stack(schema, args, inst, v), &err) == Outcome::Failed)
+    raise(err, op_display_name(schema), dtypes_of(args));
+  if (accepted.size() < kRemembered) {
+    accepted.push_back(std::move(v));
+  } else {
+    accepted[next] = std::move(v);
+    next = (next + 1) % kRemembered;
+  }
+}
+
 void check_scalars(const std::vector<ScalarCheck>& checks, const OpInstance& inst, const std::string& op) {
   for (const ScalarCheck& c : checks) {
     const ScalarInput& s = inst.scalars[c.scalar];
-    if (overflows(s.value, c.type, s.is_int))
+    if (overflows(s.value, c.type))
       TORCH_CHECK(false, "torch_pjrt: ", op, " on tpu (", c10::toString(c.type), "): value cannot be converted to type ",
                   c.type_name, " without overflow");
   }

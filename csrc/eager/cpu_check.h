@@ -41,6 +41,19 @@ void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
 // (asked once per plan, with a value that fits no narrower dtype).
 std::vector<ScalarCheck> learn_scalar_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                              const OpInstance& inst, bool random, const torch::jit::Stack& meta);
+// Whether CPU's kernel checks a runtime int's value for this plan (uint8
+// hardtanh's negative limits, int8 fill_(200), sub's -alpha overflowing,
+// i64 // 0): asked once per plan, with the call's ints changed to probe values
+// on the call shrunk to 4 per dim (their own values must pass there). Such a
+// plan then asks CPU again for every new set of int values (check_int_values),
+// so CPU's error is raised at the op, as when each value had its own program.
+bool learn_int_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                            bool random);
+// Per call, for such a plan: raises CPU's error for the call's int values
+// (the call shrunk, as above); `accepted` remembers the last few value sets
+// that passed, so a repeated one costs nothing.
+void check_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
+                      std::vector<std::vector<int64_t>>& accepted, size_t& next);
 // PyTorch's Meta kernel raised for this call: raises CPU's exception instead
 // where CPU's kernel raises too (its type, e.g. NotImplementedError for a
 // dtype); where CPU computes it (a Meta kernel's bug, e.g. bool ** True),

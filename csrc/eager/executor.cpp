@@ -220,6 +220,14 @@ bool has_scalar_args(const OpInstance& inst) {
   return false;
 }
 
+// Ints the plan takes at run time: wrapped integer tensors always, int
+// Scalar arguments in dynamic mode.
+bool has_runtime_ints(const OpInstance& inst, bool dynamic) {
+  for (const auto& s : inst.scalars)
+    if (s.is_int && (!s.from_arg || dynamic)) return true;
+  return false;
+}
+
 bool has_int_args(const OpInstance& inst) {
   for (const auto& s : inst.scalars)
     if (s.from_arg && s.is_int) return true;
@@ -523,6 +531,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (plan) {
     runtime::metrics().executable_cache_hits++;
     if (!plan->scalar_checks.empty()) check_scalars(plan->scalar_checks, inst, display);
+    if (plan->int_value_checks) check_int_values(op, args, inst, plan->accepted_ints, plan->accepted_next);
     if (mode == FloatMode::Validated) validate_floats(*plan, op, args, inst);
     for (const Resize& r : plan->resizes) {
       // PyTorch's deprecation warning for resizing a non-empty out=, on every
@@ -567,6 +576,11 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     plan->resizes = std::move(resizes);
     // A float argument that is a runtime input: CPU's overflow check, per call.
     if (dynamic) plan->scalar_checks = learn_scalar_checks(op, args, inst, info->needs_rng, meta);
+    // Runtime ints (wrapped ones in every mode): does CPU check their values?
+    if (has_runtime_ints(inst, dynamic) && learn_int_value_checks(op, args, inst, info->needs_rng)) {
+      plan->int_value_checks = true;
+      check_int_values(op, args, inst, plan->accepted_ints, plan->accepted_next);  // (remembers this call's)
+    }
     if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
     if (plan->f32_precision && !st.f32_precision) {
       st.f32_precision = true;  // this call's key gets what later calls' keys will have

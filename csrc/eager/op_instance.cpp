@@ -126,7 +126,7 @@ void add_tensor(OpInstance& inst, const at::Tensor& t, int arg_index, bool pure_
       // An integer one (x + n): a runtime input too, marked apart from a keyed value.
       bool runtime_int = runtime_int_scalar(t.scalar_type(), v);
       if (!is_float && !is_complex) inst.put(runtime_int ? 'r' : 'k');
-      if (runtime_int) inst.scalars.push_back(ScalarInput{static_cast<double>(v.toLong()), false, -1, true});
+      if (runtime_int) inst.scalars.push_back(ScalarInput{static_cast<double>(v.toLong()), false, arg_index, true});
       else record(v);
     } else {
       at::Tensor flat = t.reshape({-1});

@@ -31,7 +31,7 @@ struct Slot {
 struct ScalarInput {
   double value;
   bool from_arg;        // a `float`/`Scalar` argument (runtime only in dynamic mode)
-  int arg = -1;         // that argument's index (not for list elements and tensors)
+  int arg = -1;         // that argument's index (not for list elements and float tensors)
   bool is_int = false;  // a Python int (or an integer CPU scalar)
 };
 

@@ -68,6 +68,12 @@ struct Plan {
   // Runtime float arguments CPU's kernel converts with an overflow check:
   // checked on every call (cpu_check.h).
   std::vector<ScalarCheck> scalar_checks;
+  // Runtime ints whose values CPU's kernel checks (learn_int_value_checks):
+  // each new set of values is asked of CPU (check_int_values); the last few
+  // accepted ones are remembered. Read and written under the device lock.
+  bool int_value_checks = false;
+  std::vector<std::vector<int64_t>> accepted_ints;
+  size_t accepted_next = 0;
   // Validated float mode: float argument values the Meta kernel has accepted
   // for this plan (bit patterns; a few, most recent replacing the oldest), so
   // a call repeating them (normal_(0, 1) each step) skips the Meta run. Read
