@@ -53,30 +53,8 @@ for name, f in (ops.items() if part == "ops" else ()):
     out[name] = dict(programs=M()["xla_compiles"] - c0, seconds=time.perf_counter() - t0)
 
 # ---- eager decoding with an int position ----
-class Block(torch.nn.Module):
-    def __init__(self, width=64, heads=4, capacity=128):
-        super().__init__()
-        self.heads, self.hd, self.capacity = heads, width // heads, capacity
-        self.qkv = torch.nn.Linear(width, 3 * width)
-        self.out = torch.nn.Linear(width, width)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * width, width))
-        self.register_buffer("freqs", torch.randn(capacity, self.hd))
-        self.register_buffer("ck", torch.zeros(1, capacity, heads, self.hd))
-        self.register_buffer("cv", torch.zeros(1, capacity, heads, self.hd))
-
-    def forward(self, x, start):
-        b, length, w = x.shape
-        q, k, v = self.qkv(x).view(b, length, 3, self.heads, self.hd).unbind(2)
-        rot = self.freqs[start:start + length]
-        q, k = q * rot[:, None], k * rot[:, None]
-        self.ck[:b, start:start + length] = k
-        self.cv[:b, start:start + length] = v
-        mask = torch.arange(self.capacity, device=x.device) <= start
-        a = torch.einsum("blhd,bshd->bhls", q, self.ck[:b]) / self.hd ** 0.5
-        a = a.masked_fill(~mask, float("-inf")).softmax(-1)
-        y = self.out(torch.einsum("bhls,bshd->blhd", a, self.cv[:b]).reshape(b, length, w))
-        return x + y + self.mlp(x + y)
+sys.path.insert(0, sys.argv[3])
+from runtime_ints import Block  # (the compiled-graph benchmark's decoder block)
 
 def decode(model, xs, fused):
     ys = []
@@ -125,7 +103,7 @@ def child(setting, tokens, part):
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCH_PJRT_RUNTIME_INTS=setting, TORCH_PJRT_CACHE_DIR=cache,
                    TF_CPP_MIN_LOG_LEVEL="2")
-        r = subprocess.run([sys.executable, "-c", CHILD, str(tokens), part], env=env, capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", CHILD, str(tokens), part, os.path.dirname(os.path.abspath(__file__))], env=env, capture_output=True, text=True,
                            timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"child ({setting}) failed:\n{r.stderr[-3000:]}")
