@@ -297,3 +297,26 @@ def test_integer_division_by_a_python_zero_raises_at_the_op(op):
             assert (xt + 1).cpu().tolist() == [5, 8]
         else:
             assert torch.equal(fn(xt, n).cpu(), fn(x, n)), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_pow_with_large_int_exponents_as_cpu(dtype):
+    """CPU takes an int exponent as a double for float32/float64 results (the sign of a
+    negative base follows the int's parity: -2 ** (2**31 - 1) is -inf, though 2**31 - 1
+    rounds to an even float32) and rounds it to the half type for half results (2049 is
+    2048 in float16). Each exponent twice: built, then served by the same program."""
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.5, 2.0, -0.0, float("nan"), float("-inf"), -1.0009765625, 1.5],
+                     dtype=dtype)
+    xt = x.to("tpu")
+    rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+    for _ in range(2):
+        for e in (3, 2**31 - 1, 2**31, 2**24 + 1, -(2**31 - 1), 2**53 - 1, 2049, -2049, -317, 70001, -5):
+            try:
+                want = x ** e
+            except RuntimeError:  # (70001 overflows float16: CPU raises)
+                with pytest.raises(RuntimeError):
+                    (xt ** e).cpu()
+                continue
+            got = (xt ** e).cpu()
+            torch.testing.assert_close(got, want, rtol=rtol, atol=0, equal_nan=True, msg=f"exponent {e}")
+            assert torch.equal(torch.signbit(got), torch.signbit(want)), e

@@ -273,11 +273,37 @@ std::vector<Value> pow(LoweringContext& ctx) {
   if (scalar_exponent && specials && !e.dynamic && e.kind != Arg::Tensor)
     if (auto r = special(base, ctx.scalar("exponent").to_double())) return {b.convert(*r, out)};
   Value exponent = operand_as(ctx, "exponent", dt, shape);
+  // CPU rounds an int exponent of a half result to the half type first
+  // (2049 is 2048 in float16), then computes in float32.
+  if (e.kind == Arg::Int && (out == DType::F16 || out == DType::BF16) && dt != out)
+    exponent = b.convert(operand_as(ctx, "exponent", out, shape), dt);
+  // An int exponent past float32's integers (2**31 - 1) rounds to an even
+  // one; CPU takes it as a double for float32 and float64 results, so a
+  // negative base (-0.0 too) keeps the sign of the int's parity:
+  // -2 ** (2**31 - 1) is -inf. (For half results CPU rounds it to the half
+  // type, as here.)
+  auto int_parity_sign = [&](Value r) {
+    if (e.kind != Arg::Int || (out != DType::F32 && out != DType::F64)) return r;
+    Value odd;
+    if (e.dynamic) {
+      Value ei = b.broadcast_to(b.convert(*e.dynamic, DType::I64), shape);
+      odd = b.compare(Cmp::NE, b.binary("and", ei, splat_like(b, 1, ei)), splat_like(b, 0, ei));
+    } else {
+      int64_t v = ctx.scalar("exponent").i;
+      int64_t exact = int64_t{1} << (dt == DType::F64 ? 53 : 24);
+      if ((v >= -exact && v <= exact) || v > (int64_t{1} << 53) || v < -(int64_t{1} << 53) || v % 2 == 0) return r;
+      odd = b.splat(Scalar::from_bool(true), TensorType{DType::Bool, shape});
+    }
+    Value zero = splat_like(b, 0, base);
+    Value negative = b.binary("or", b.compare(Cmp::LT, base, zero),
+                              b.compare(Cmp::LT, b.binary("divide", splat_like(b, 1, base), base), zero));
+    return b.select(b.binary("and", negative, odd), b.unary("negate", b.unary("abs", r)), r);
+  };
   if (scalar_exponent && specials && e.dynamic) {
     Value r = b.binary("power", base, exponent);
     for (double v : {0.0, 1.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0})
       r = b.select(b.compare(Cmp::EQ, exponent, splat_like(b, v, exponent)), *special(base, v), r);
-    return {b.convert(r, out)};
+    return {b.convert(int_parity_sign(r), out)};
   }
   // bool ** bool (the only pow with a bool result): x ** True = x, x ** False = True, as CPU.
   if (dt == DType::Bool) return {b.binary("or", base, b.unary("not", exponent))};
@@ -295,7 +321,7 @@ std::vector<Value> pow(LoweringContext& ctx) {
     }
     return {integer_pow(b, base, exponent, known)};
   }
-  return {b.convert(b.binary("power", base, exponent), out)};
+  return {b.convert(int_parity_sign(b.binary("power", base, exponent)), out)};
 }
 
 }  // namespace
