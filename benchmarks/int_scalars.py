@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench import print_table
+
 CHILD = r'''
 import json, statistics, sys, time
 import torch, torch_pjrt
@@ -130,16 +132,7 @@ def main():
                      warm, err])
     head = ["what", "XLA compiles (runtime ints)", "XLA compiles (keyed)", "seconds (runtime)", "seconds (keyed)",
             "warm ms/token (runtime / keyed)", "max |err| vs CPU"]
-    if a.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-        print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
-        for r in rows:
-            print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+    print_table(head, rows, [""] * len(head), a.markdown)
     print(f"(ops: 100 calls with ints 2..101 after two warm-up calls; decoding: {a.tokens} tokens, one "
           f"process per setting, each with an empty persistent cache)")
 

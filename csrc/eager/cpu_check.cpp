@@ -469,9 +469,6 @@ bool ints_settable(c10::ArrayRef<c10::IValue> args, const OpInstance& inst) {
   return any;
 }
 
-}  // namespace
-
-namespace {
 bool asks_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
                      bool random) {
   const auto& schema = op.schema();
@@ -481,10 +478,10 @@ bool asks_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   // Zero, signs, the integer dtypes' edges, and far beyond them.
   static const int64_t kProbes[] = {0, -1, 1, 127, 128, -129, 255, 256, -256, 32768, -32769, int64_t{1} << 31,
                                     -(int64_t{1} << 31) - 1, int64_t{1} << 40, -(int64_t{1} << 40)};
-  std::vector<const ScalarInput*> ints;
+  std::vector<const ScalarInput*> ints;  // (own's entries, in order)
   for (const ScalarInput& s : inst.scalars)
     if (s.is_int) ints.push_back(&s);
-  for (size_t k = 0; k < own.size(); ++k) {
+  for (size_t k = 0; k < ints.size(); ++k) {
     // (A CPU scalar tensor holds only values of its dtype: torch.tensor(n, dtype=torch.int16).)
     std::optional<c10::ScalarType> holder;
     if (!ints[k]->from_arg) holder = args[ints[k]->arg].toTensor().scalar_type();
@@ -497,6 +494,7 @@ bool asks_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   }
   return false;
 }
+
 }  // namespace
 
 bool learn_int_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
@@ -507,7 +505,6 @@ bool learn_int_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     return false;  // (a probe that cannot be built: nothing learned)
   }
 }
-
 
 void check_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const OpInstance& inst,
                       std::vector<std::vector<int64_t>>& accepted, size_t& next) {
@@ -531,8 +528,8 @@ void check_int_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
 
 void check_scalars(const std::vector<ScalarCheck>& checks, const OpInstance& inst, const std::string& op) {
   for (const ScalarCheck& c : checks) {
-    const ScalarInput& s = inst.scalars[c.scalar];
-    if (overflows(s.value, c.type))
+    double v = inst.scalars[c.scalar].value;
+    if (overflows(v, c.type))
       TORCH_CHECK(false, "torch_pjrt: ", op, " on tpu (", c10::toString(c.type), "): value cannot be converted to type ",
                   c.type_name, " without overflow");
   }

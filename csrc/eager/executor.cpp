@@ -214,10 +214,18 @@ FloatMode learn_float_mode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   return any_rejected ? FloatMode::Validated : FloatMode::Dynamic;
 }
 
-bool has_scalar_args(const OpInstance& inst) {
-  for (const auto& s : inst.scalars)
-    if (s.from_arg) return true;
-  return false;
+// Whether the call has scalar arguments (floats, or int Scalars), and
+// whether one of them is an int: one pass per call.
+struct ScalarArgs {
+  bool any = false, ints = false;
+};
+ScalarArgs scalar_args(const OpInstance& inst) {
+  ScalarArgs r;
+  for (const auto& s : inst.scalars) {
+    r.any |= s.from_arg;
+    r.ints |= s.from_arg && s.is_int;
+  }
+  return r;
 }
 
 // Ints the plan takes at run time: wrapped integer tensors always, int
@@ -225,12 +233,6 @@ bool has_scalar_args(const OpInstance& inst) {
 bool has_runtime_ints(const OpInstance& inst, bool dynamic) {
   for (const auto& s : inst.scalars)
     if (s.is_int && (!s.from_arg || dynamic)) return true;
-  return false;
-}
-
-bool has_int_args(const OpInstance& inst) {
-  for (const auto& s : inst.scalars)
-    if (s.from_arg && s.is_int) return true;
   return false;
 }
 
@@ -518,8 +520,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
   // With no float arguments the two keys are the same, and an op that never
   // takes one (add(x, y)) never learns its mode: no per-call lookup then.
-  bool floats = has_scalar_args(inst);
-  bool ints = floats && has_int_args(inst);
+  auto [floats, ints] = scalar_args(inst);
   FloatMode& op_mode = ints ? st.int_mode : st.mode;
   const std::string& mode_name = ints ? st.int_mode_name : display;
   if (floats && op_mode == FloatMode::Unknown) op_mode = float_mode(mode_name);

@@ -272,11 +272,11 @@ std::vector<Value> pow(LoweringContext& ctx) {
   bool specials = is_float(dt) || is_complex(dt);  // (CPU's complex kernel has them too)
   if (scalar_exponent && specials && !e.dynamic && e.kind != Arg::Tensor)
     if (auto r = special(base, ctx.scalar("exponent").to_double())) return {b.convert(*r, out)};
-  Value exponent = operand_as(ctx, "exponent", dt, shape);
   // CPU rounds an int exponent of a half result to the half type first
   // (2049 is 2048 in float16), then computes in float32.
-  if (e.kind == Arg::Int && (out == DType::F16 || out == DType::BF16) && dt != out)
-    exponent = b.convert(operand_as(ctx, "exponent", out, shape), dt);
+  bool half_rounded = e.kind == Arg::Int && (out == DType::F16 || out == DType::BF16) && dt != out;
+  Value exponent = half_rounded ? b.convert(operand_as(ctx, "exponent", out, shape), dt)
+                                : operand_as(ctx, "exponent", dt, shape);
   // An int exponent past float32's integers (2**31 - 1) rounds to an even
   // one; CPU takes it as a double for float32 and float64 results, so a
   // negative base (-0.0 too) keeps the sign of the int's parity:
@@ -289,9 +289,12 @@ std::vector<Value> pow(LoweringContext& ctx) {
       Value ei = b.broadcast_to(b.convert(*e.dynamic, DType::I64), shape);
       odd = b.compare(Cmp::NE, b.binary("and", ei, splat_like(b, 1, ei)), splat_like(b, 0, ei));
     } else {
+      // (Only an odd one the compute type rounds away: past 2**24 in
+      // float32; past 2**53 a double rounds it to even too.)
       int64_t v = ctx.scalar("exponent").i;
-      int64_t exact = int64_t{1} << (dt == DType::F64 ? 53 : 24);
-      if ((v >= -exact && v <= exact) || v > (int64_t{1} << 53) || v < -(int64_t{1} << 53) || v % 2 == 0) return r;
+      uint64_t mag = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+      bool rounded_odd = mag % 2 == 1 && mag > (uint64_t{1} << (dt == DType::F64 ? 53 : 24)) && mag <= (uint64_t{1} << 53);
+      if (!rounded_odd) return r;
       odd = b.splat(Scalar::from_bool(true), TensorType{DType::Bool, shape});
     }
     Value zero = splat_like(b, 0, base);
