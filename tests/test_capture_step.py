@@ -442,11 +442,13 @@ def test_warm_start_in_a_second_process_compiles_nothing(tmp_path):
     cache = tmp_path / "cache"
     env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache), TORCH_PJRT_EAGER="async")
 
-    def run():
-        p = subprocess.run([sys.executable, "-c", _WARM_START, ROOT], env=env, capture_output=True, text=True,
-                           timeout=300)
+    def run(**extra):
+        p = subprocess.run([sys.executable, "-c", _WARM_START, ROOT], env=dict(env, **extra), capture_output=True,
+                           text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         assert "Traceback" not in p.stderr and "terminate" not in p.stderr, p.stderr[-3000:]
+        # (a manifest names entries of this configuration only: none is foreign)
+        assert "ignoring cache entry" not in p.stderr, p.stderr[-3000:]
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     cold = run()
@@ -462,6 +464,13 @@ def test_warm_start_in_a_second_process_compiles_nothing(tmp_path):
     again = run()
     assert again["xla_compiles"] == 0 and again["replays"] == 2 and again["losses"] == cold["losses"]
     assert json.loads(manifests[0].read_text())["programs"]
+    # Other XLA_FLAGS write other entries (the flags are part of each entry's
+    # identity): that process keeps a manifest of its own, so neither loads
+    # the other's entries ahead only to find them foreign.
+    other = run(XLA_FLAGS="--xla_cpu_enable_fast_min_max=false")
+    assert other["xla_compiles"] > 0 and other["losses"] == cold["losses"]
+    assert len(list((cache / "capture").glob("*.json"))) == 2
+    assert run()["xla_compiles"] == 0
 
 
 def test_arguments_written_in_place_and_aliased_arguments():

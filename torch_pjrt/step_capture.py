@@ -297,7 +297,10 @@ class CapturedStep:
         directory = cache_dir()
         if not directory:
             return
-        ident = repr((getattr(self.fn, "__module__", None), getattr(self.fn, "__qualname__", None), key))
+        # (the runtime's cache identity too: a process with other XLA_FLAGS
+        # or another plugin writes other entries, so it keeps its own list)
+        ident = repr((getattr(self.fn, "__module__", None), getattr(self.fn, "__qualname__", None), key,
+                      _state.C.cache_identity()))
         sig.manifest = os.path.join(directory, _MANIFEST_DIR, hashlib.sha256(ident.encode()).hexdigest() + ".json")
         try:
             with open(sig.manifest) as f:

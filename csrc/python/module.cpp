@@ -23,6 +23,7 @@
 #include "python/readiness_bindings.h"
 #include "runtime/constant_buffers.h"
 #include "runtime/pjrt_runtime.h"
+#include "runtime/plugin_flags.h"
 #include "runtime/program_cache.h"
 
 namespace py = pybind11;
@@ -71,6 +72,11 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("initialized", &runtime::Runtime::initialized);
   m.def("discover_plugins", &runtime::discover_plugins);
   m.def("resolve_plugin", &runtime::resolve_plugin);
+  m.def("plugin_defines_flag", &runtime::plugin_defines_flag);
+  // What the persistent cache's entries are written for (plugin, devices,
+  // XLA_FLAGS): lists of entries kept beside the cache key on it too.
+  m.def("cache_identity", [] { return runtime::Runtime::get().persistent_cache().identity(); });
+  m.def("drop_flags_unknown_to", &runtime::drop_flags_unknown_to);
   m.def("plugin_info", [] {
     const auto& info = runtime::Runtime::get().info();
     py::dict d;

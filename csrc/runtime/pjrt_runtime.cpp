@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "runtime/byte_size.h"
+#include "runtime/plugin_flags.h"
 #include "runtime/prefetch.h"
 #include "runtime/program_cache.h"
 #include "runtime/sha256.h"
@@ -178,19 +179,6 @@ int configured_max_inflight() {
                                             "queued executions per device, got '") + v + "'");
   return static_cast<int>(n);
 }
-// XLA may skip a rounding to a narrower float type when it fuses
-// (`xla_allow_excess_precision`, on by default): `(a * b).float()` on bf16
-// tensors would then keep the f32 product. PyTorch rounds each op's result
-// to its dtype, and fused eager traces and compiled graphs must give what
-// strict eager gives, so the plugin reads the flag off before it is loaded,
-// unless XLA_FLAGS already sets it.
-void keep_each_rounding() {
-  const char* flags = std::getenv("XLA_FLAGS");
-  std::string v = flags ? flags : "";
-  if (v.find("xla_allow_excess_precision") != std::string::npos) return;
-  v += (v.empty() ? "" : " ") + std::string("--xla_allow_excess_precision=false");
-  ::setenv("XLA_FLAGS", v.c_str(), 1);
-}
 }  // namespace
 
 bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
@@ -200,7 +188,7 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
   if (instance()) return;
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { ::pthread_atfork(nullptr, nullptr, &on_fork_child); });
-  keep_each_rounding();
+  add_plugin_flags(plugin_path, name);
   // Never dlclose: plugins keep threads and static state alive.
   void* handle = ::dlopen(plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle)

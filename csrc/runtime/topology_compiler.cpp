@@ -11,6 +11,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/pjrt_util.h"
+#include "runtime/plugin_flags.h"
 #include "runtime/proto_writer.h"
 
 namespace torch_pjrt::runtime {
@@ -82,6 +83,7 @@ std::shared_ptr<CompileOnlyPlugin> CompileOnlyPlugin::load(const std::string& pa
   auto result = std::make_shared<std::promise<std::string>>();
   std::future<std::string> done = result->get_future();
   auto api_out = std::make_shared<const PJRT_Api*>(nullptr);
+  drop_flags_unknown_to(path);  // libtpu reads XLA_FLAGS too
   std::thread([path, result, api_out] {
     std::string error;
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed: plugins keep state
