@@ -1,7 +1,9 @@
 """The XLA flags torch_pjrt adds before the plugin loads
 (csrc/runtime/plugin_flags.cpp): added only where the plugin defines them
 (XLA aborts on an unknown flag), never over the user's own setting, and taken
-out again for a second plugin that does not know them."""
+out again for a second plugin that does not know them. And the compile option
+of small programs on XLA's CPU plugin (its LLVM IR emitters)."""
+import json
 import os
 import subprocess
 import sys
@@ -15,20 +17,22 @@ from torch_pjrt import _state
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = torch_pjrt.plugin_info()["path"]
 ON_CPU = torch_pjrt.plugin_info()["name"] == "cpu"
+ON_CPU_ONLY = pytest.mark.skipif(not ON_CPU, reason="the option is given on XLA's CPU plugin only")
 
-# Prints XLA_FLAGS as the process sees it after torch_pjrt started the plugin
-# (os.environ is a copy taken at start-up; the C library's is the live one).
+# Prints whether small programs compile apart, and XLA_FLAGS as the process
+# sees it after torch_pjrt started the plugin (os.environ is a copy taken at
+# start-up; the C library's is the live one).
 SHOW_FLAGS = """
 import ctypes, sys, torch, torch_pjrt
 (torch.ones(2, device="tpu") + 1).cpu()
 libc = ctypes.CDLL(None)
 libc.getenv.restype = ctypes.c_char_p
 v = libc.getenv(b"XLA_FLAGS")
-print((v or b"").decode())
+print(torch_pjrt._state.C.small_programs_apart(), (v or b"").decode())
 """
 
 
-def _flags_in_child(env_flags=None, code=SHOW_FLAGS):
+def _in_child(env_flags=None, code=SHOW_FLAGS):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)
     if env_flags is not None:
@@ -39,20 +43,26 @@ def _flags_in_child(env_flags=None, code=SHOW_FLAGS):
 
 
 def test_flags_added_for_the_plugin():
-    flags = _flags_in_child().split()
-    assert "--xla_allow_excess_precision=false" in flags
-    if ON_CPU:
-        assert "--xla_cpu_use_fusion_emitters=false" in flags
-    else:
-        assert not any("xla_cpu_use_fusion_emitters" in f for f in flags)
+    apart, *flags = _in_child().split()
+    assert flags == ["--xla_allow_excess_precision=false"]
+    assert apart == str(ON_CPU)  # small programs' own compile option: XLA's CPU plugin only
 
 
-@pytest.mark.skipif(not ON_CPU, reason="the flag is added for XLA's CPU plugin only")
+@ON_CPU_ONLY
 def test_user_setting_wins():
-    flags = _flags_in_child("--xla_cpu_use_fusion_emitters=true").split()
-    assert flags.count("--xla_cpu_use_fusion_emitters=true") == 1
-    assert not any(f == "--xla_cpu_use_fusion_emitters=false" for f in flags)
-    assert "--xla_allow_excess_precision=false" in flags
+    apart, *flags = _in_child("--xla_allow_excess_precision=true --xla_cpu_use_fusion_emitters=true").split()
+    assert flags == ["--xla_allow_excess_precision=true", "--xla_cpu_use_fusion_emitters=true"]
+    assert apart == "False"
+
+
+def test_count_ops():
+    C = _state.C
+    text = 'module {\n  %v0 = "stablehlo.add"(%a, %b)\n  %v1 = "stablehlo.exp"(%v0)\n  "stablehlo.return"(%v1)\n}'
+    assert C.count_ops(text, 1000) == 2
+    assert C.count_ops(text * 50, 10) == 11  # counting stops past `stop`
+    from torch_pjrt.readiness import eager_programs
+    programs = eager_programs(lambda: torch.ones(3, device="tpu").exp() + 1)
+    assert programs and all(1 <= C.count_ops(p.text, 1000) <= 64 for p in programs)  # small ones
 
 
 def test_plugin_defines_flag_matches_whole_names(tmp_path):
@@ -71,22 +81,22 @@ def test_plugin_defines_flag_matches_whole_names(tmp_path):
     assert not C.plugin_defines_flag(str(tmp_path / "missing.so"), "xla_some_flag")
 
 
-@pytest.mark.skipif(not ON_CPU, reason="the flag is added for XLA's CPU plugin only")
 def test_flags_unknown_to_a_second_plugin_are_dropped(tmp_path):
     other = tmp_path / "other_plugin.so"
-    other.write_bytes(b"\x00xla_allow_excess_precision\x00")  # knows one of the two
-    code = SHOW_FLAGS.replace('print(', f'torch_pjrt._state.C.drop_flags_unknown_to({str(other)!r})\n'
-                                        'v = libc.getenv(b"XLA_FLAGS")\nprint(', 1)
-    flags = _flags_in_child("--xla_dump_to=/dev/null", code).split()
-    assert flags == ["--xla_dump_to=/dev/null", "--xla_allow_excess_precision=false"]
+    other.write_bytes(b"\x00xla_some_other_flag\x00")  # does not define xla_allow_excess_precision
+    code = SHOW_FLAGS.replace("print(", f"torch_pjrt._state.C.drop_flags_unknown_to({str(other)!r})\n"
+                                        "v = libc.getenv(b'XLA_FLAGS')\nprint(", 1)
+    _, *flags = _in_child("--xla_dump_to=/dev/null", code).split()
+    assert flags == ["--xla_dump_to=/dev/null"]  # ours out, the user's kept
 
 
-@pytest.mark.skipif(not ON_CPU, reason="the flag is added for XLA's CPU plugin only")
+@ON_CPU_ONLY
 def test_results_as_close_to_float64_either_way():
     # The emitters round alike but for erf (and gelu through it), where the
-    # LLVM IR emitter's is the closer one (equal to CPU's bits for 304 of 561
-    # values against 190). Each op's error, relative to max(|exact|, 1),
-    # must be no larger with the flag than without it.
+    # LLVM IR emitters' is the closer one (equal to CPU's bits for 304 of 561
+    # values against 190). Each op's error, relative to max(|exact|, 1), must
+    # be no larger with small programs apart than with the fusion emitters
+    # for all; the one-op programs here are all small.
     code = """
 import json, torch, torch_pjrt
 g = torch.Generator().manual_seed(0)
@@ -98,11 +108,13 @@ ops = {"tanh": torch.tanh, "exp": torch.exp, "log1p": lambda x: torch.log1p(x.ab
        "tanh_gelu": lambda x: F.gelu(x, approximate="tanh"), "matmul": lambda x: x @ b.to(x.device).to(x.dtype)}
 err = {k: float(((f(a.to("tpu")).cpu().double() - f(a.double())).abs() / f(a.double()).abs().clamp(min=1)).max())
        for k, f in ops.items()}
+err["erf_bits_as_cpu"] = int((torch.erf(a.to("tpu")).cpu() == torch.erf(a)).sum())
 print(json.dumps(err))
 """
-    import json
-    with_flag = json.loads(_flags_in_child(None, code))
-    without = json.loads(_flags_in_child("--xla_cpu_use_fusion_emitters=true", code))
-    for op, e in with_flag.items():
-        assert e <= without[op] * (1 + 1e-9), (op, e, without[op])
-    assert max(with_flag.values()) < 1e-5, with_flag
+    apart = json.loads(_in_child(None, code))
+    fusion = json.loads(_in_child("--xla_cpu_use_fusion_emitters=true", code))
+    same_bits = apart.pop("erf_bits_as_cpu"), fusion.pop("erf_bits_as_cpu")
+    for op, e in apart.items():
+        assert e <= fusion[op] * (1 + 1e-9), (op, e, fusion[op])
+    assert max(apart.values()) < 1e-5, apart
+    assert same_bits[0] > same_bits[1], same_bits  # (the option reached the compiler)

@@ -77,6 +77,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   // XLA_FLAGS): lists of entries kept beside the cache key on it too.
   m.def("cache_identity", [] { return runtime::Runtime::get().persistent_cache().identity(); });
   m.def("drop_flags_unknown_to", &runtime::drop_flags_unknown_to);
+  m.def("count_ops", &runtime::count_ops);
+  m.def("small_programs_apart", [] { return runtime::Runtime::get().small_programs_apart(); });
   m.def("plugin_info", [] {
     const auto& info = runtime::Runtime::get().info();
     py::dict d;

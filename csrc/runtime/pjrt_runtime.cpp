@@ -188,7 +188,7 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
   if (instance()) return;
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { ::pthread_atfork(nullptr, nullptr, &on_fork_child); });
-  add_plugin_flags(plugin_path, name);
+  add_plugin_flags(plugin_path);
   // Never dlclose: plugins keep threads and static state alive.
   void* handle = ::dlopen(plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle)
@@ -231,6 +231,7 @@ void Runtime::initialize(const std::string& plugin_path, const std::string& name
     rt->info_.attributes.emplace_back(std::string(a.name, a.name_size), named_value_string(a));
   }
 
+  rt->small_program_options_ = small_program_options(plugin_path, name, kCompileOptionsBytes);
   rt->cpu_device_count_ = cpu_device_count;
   rt->create_client(nullptr, 0, 1);
   rt->cache_ = std::make_unique<PersistentCache>(PersistentCache::configured_dir(),
@@ -643,16 +644,20 @@ void Runtime::save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& ml
 }
 
 ExecutablePtr Runtime::compile(const std::string& mlir_text) {
+  const std::string& options =
+      !small_program_options_.empty() && count_ops(mlir_text, kSmallProgramOps) <= kSmallProgramOps
+          ? small_program_options_
+          : kCompileOptionsBytes;
   std::optional<Sha256::Digest> key;
   if (cache_->enabled()) {
-    key = cache_->key(mlir_text, kCompileOptionsBytes);
+    key = cache_->key(mlir_text, options);
     prefetch::note(*key, mlir_text.size());
     if (auto exe = prefetch::take(*key)) return exe;  // loaded ahead (and counted) by the prefetch thread
     if (auto exe = load_cached(mlir_text, *key)) return exe;
     metrics().persistent_cache_misses++;
   }
 
-  PJRT_LoadedExecutable* loaded = compile_with(mlir_text, kCompileOptionsBytes, "compile");
+  PJRT_LoadedExecutable* loaded = compile_with(mlir_text, options, "compile");
   ExecutablePtr exe = wrap(loaded);
   if (key && cache_->enabled()) save_to_cache(loaded, mlir_text, *key);
   return exe;

@@ -264,6 +264,8 @@ class Runtime {
   ExecutablePtr compile(const std::string& mlir_text);
   // The persistent executable cache; disabled() when TORCH_PJRT_CACHE_DIR="".
   PersistentCache& persistent_cache() const { return *cache_; }
+  // Whether small programs compile with their own options (plugin_flags.h).
+  bool small_programs_apart() const { return !small_program_options_.empty(); }
   // Asynchronous: returns the outputs at once; they become ready later. The
   // arguments and outputs stay alive (and counted) until the execution is
   // seen complete. Waits first when `device` has max_inflight() executions
@@ -441,6 +443,8 @@ class Runtime {
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
   int64_t cpu_device_count_ = 0;
+  // Compile options for small programs (runtime/plugin_flags.h); empty: none.
+  std::string small_program_options_;
   KeyValueStorePtr kv_;  // a distributed client's store (outlives the client)
   int node_id_ = 0, num_nodes_ = 1;
   std::vector<PJRT_Device*> devices_;

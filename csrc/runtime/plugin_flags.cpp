@@ -1,6 +1,9 @@
 // The XLA flags torch_pjrt adds before a plugin is loaded, and the check that
-// the plugin knows them (an unknown flag in XLA_FLAGS is a fatal error in XLA).
+// the plugin knows them (an unknown flag in XLA_FLAGS is a fatal error in
+// XLA); the compile option small programs take on XLA's CPU plugin.
 #include "runtime/plugin_flags.h"
+
+#include "runtime/proto_writer.h"
 
 #include <elf.h>
 #include <fcntl.h>
@@ -20,23 +23,24 @@ namespace {
 struct Flag {
   const char* name;
   const char* value;
-  bool cpu_only;
 };
 
-// - xla_allow_excess_precision=false: XLA may skip a rounding to a narrower
-//   float type when it fuses; `(a * b).float()` on bf16 tensors would then
-//   keep the f32 product. PyTorch rounds each op's result to its dtype, and
-//   fused eager traces and compiled graphs must give what strict eager gives.
-// - xla_cpu_use_fusion_emitters=false: XLA:CPU's MLIR fusion emitters set up
-//   an MLIR context and pipeline per fusion; the LLVM IR emitters compile a
-//   small program in about two thirds of the time (46 -> 31 ms for `x + 1`
-//   on this project's 2-core machine; docs/results.md, session 51). Eager
-//   compiles one program per op and shape, so this is the cold start of
-//   every eager model. Results are the same (the test suite runs with it).
+// xla_allow_excess_precision=false: XLA may skip a rounding to a narrower
+// float type when it fuses; `(a * b).float()` on bf16 tensors would then keep
+// the f32 product. PyTorch rounds each op's result to its dtype, and fused
+// eager traces and compiled graphs must give what strict eager gives.
 const Flag kFlags[] = {
-    {"xla_allow_excess_precision", "false", false},
-    {"xla_cpu_use_fusion_emitters", "false", true},
+    {"xla_allow_excess_precision", "false"},
 };
+
+// XLA:CPU's MLIR fusion emitters set up an MLIR context and pass pipeline per
+// fusion; its LLVM IR emitters compile a program of a few ops in about two
+// thirds of the time, and a large one in up to three times the time (the
+// crossing near 64 ops; docs/results.md, session 51). Eager compiles one
+// small program per op and shape: that is the cold start of every eager
+// model. Results are the same but for erf, where the LLVM IR emitters' is the
+// closer to CPU's (tests/test_plugin_flags.py).
+constexpr char kEmitterOption[] = "xla_cpu_use_fusion_emitters";
 
 std::mutex g_mutex;
 std::vector<std::string> g_added;  // names add_plugin_flags put in XLA_FLAGS
@@ -100,17 +104,36 @@ bool plugin_defines_flag(const std::string& path, const std::string& flag) {
   return found;
 }
 
-void add_plugin_flags(const std::string& path, const std::string& name) {
+void add_plugin_flags(const std::string& path) {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::string v = env_flags();
   for (const Flag& f : kFlags) {
-    if (f.cpu_only && name != "cpu") continue;
     if (v.find(f.name) != std::string::npos) continue;  // the user's setting wins
     if (!plugin_defines_flag(path, f.name)) continue;
     v += (v.empty() ? "--" : " --") + std::string(f.name) + "=" + f.value;
     g_added.push_back(f.name);
   }
   ::setenv("XLA_FLAGS", v.c_str(), 1);
+}
+
+std::string small_program_options(const std::string& path, const std::string& name, const std::string& base) {
+  if (name != "cpu" || env_flags().find(kEmitterOption) != std::string::npos) return "";
+  if (!plugin_defines_flag(path, kEmitterOption)) return "";
+  // CompileOptionsProto.env_option_overrides (7): map<string, OptionOverrideProto>,
+  // an entry {key (1), value (2): {bool_field (2)}}; applied over XLA_FLAGS.
+  std::string value, entry, options = base;
+  proto::field_varint(value, 2, 0);
+  proto::field_bytes(entry, 1, kEmitterOption);
+  proto::field_bytes(entry, 2, value);
+  proto::field_bytes(options, 7, entry);
+  return options;
+}
+
+int count_ops(const std::string& mlir_text, int stop) {
+  int n = 0;
+  for (size_t at = mlir_text.find("= \""); at != std::string::npos && n <= stop; at = mlir_text.find("= \"", at + 3))
+    ++n;
+  return n;
 }
 
 void drop_flags_unknown_to(const std::string& path) {
