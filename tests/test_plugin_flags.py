@@ -118,3 +118,27 @@ print(json.dumps(err))
         assert e <= fusion[op] * (1 + 1e-9), (op, e, fusion[op])
     assert max(apart.values()) < 1e-5, apart
     assert same_bits[0] > same_bits[1], same_bits  # (the option reached the compiler)
+
+
+def test_ops_the_llvm_ir_emitters_compute_worse_keep_the_fusion_emitters():
+    # (a sweep of session 51: with the LLVM IR emitters tan flushed
+    # subnormal inputs to 0, lgamma was 7 ulp off)
+    from torch_pjrt.readiness import eager_programs
+    C = _state.C
+    sub = torch.tensor([1e-40, -3e-39, 2.5e-44, 0.5], dtype=torch.float32)
+    for name, fn, x in (("tan", torch.tan, sub), ("lgamma", torch.lgamma, sub.abs() + 0.25)):
+        programs = [p for p in eager_programs(fn, x.to("tpu")) if name in p.text]
+        assert programs and not any(C.suits_small_program_options(p.text) for p in programs), name
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=4e-7, atol=0)
+    assert all(C.suits_small_program_options(p.text)
+               for p in eager_programs(torch.exp, sub.to("tpu")))
+
+
+def test_logit_with_eps_keeps_nan():
+    # XLA makes min(max(x, eps), 1 - eps) a clamp, which the LLVM IR
+    # emitters gave eps for NaN (logit(nan, 1e-6) was -13.8)
+    x = torch.tensor([float("nan"), 0.0, 0.3, 1.0, 2.0, -1.0])
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        got = torch.logit(x.to(dtype).to("tpu"), eps=1e-6).cpu()
+        assert torch.isnan(got[0]), (dtype, got)
+        torch.testing.assert_close(got[1:3], torch.logit(x.to(dtype), eps=1e-6)[1:3], rtol=1e-2, atol=0)

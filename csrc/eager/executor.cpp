@@ -127,6 +127,28 @@ runtime::ExecutablePtr compile_program(const std::string& text, const std::strin
 
 namespace {
 
+// An op plan's program: on a compile thread (compile_pool.cpp) where its
+// launch waits for it in the launch queue. In debug mode, or with launches
+// made on the caller, it compiles here (an error then names the op at once).
+// An error compiling on a thread reaches the op's outputs, raised where they
+// are read (as a failed launch's), naming the op.
+runtime::ExecutablePtr compile_plan(const Plan& plan, const std::string& what) {
+  if (debug_mode() || !runtime::async_launch_enabled()) return compile_program(plan.text, what);
+  if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << plan.text;
+  {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    if (g_recording) g_recorded.emplace_back(what, plan.text);
+  }
+  std::vector<int64_t> bytes;
+  bytes.reserve(plan.output_types.size());
+  for (const lowering::TensorType& t : plan.output_types) bytes.push_back(t.numel() * lowering::itemsize(t.dtype));
+  return rt().compile_async(plan.text, std::move(bytes), what);
+}
+
+}  // namespace
+
+namespace {
+
 std::string strip_namespace(const std::string& name) {
   auto pos = name.find("::");
   return pos == std::string::npos ? name : name.substr(pos + 2);
@@ -582,7 +604,7 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       plan->int_value_checks = true;
       check_int_values(op, args, inst, plan->accepted_ints, plan->accepted_next);  // (remembers this call's)
     }
-    if (!plan->text.empty()) plan->exe = compile_program(plan->text, display);
+    if (!plan->text.empty()) plan->exe = compile_plan(*plan, display);
     if (plan->f32_precision && !st.f32_precision) {
       st.f32_precision = true;  // this call's key gets what later calls' keys will have
       inst.put(static_cast<char>(device::f32_matmul_precision()));

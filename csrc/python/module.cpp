@@ -60,6 +60,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("init", [](const std::string& path, const std::string& name, int64_t cpu_devices) {
     runtime::Runtime::initialize(path, name, cpu_devices);
     runtime::ProgramCache::get();  // a bad TORCH_PJRT_EXECUTABLE_CACHE_* setting fails the import, not an op
+    runtime::Runtime::compile_threads();  // (TORCH_PJRT_COMPILE_THREADS too)
     device::route_composite_ops_to_lowerings();
     device::route_nested_ops_to_cpu();
     eager::note_home_thread();  // CPU ops of ours elsewhere run serially (cpu_threads.h)
@@ -78,6 +79,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("cache_identity", [] { return runtime::Runtime::get().persistent_cache().identity(); });
   m.def("drop_flags_unknown_to", &runtime::drop_flags_unknown_to);
   m.def("count_ops", &runtime::count_ops);
+  m.def("suits_small_program_options", &runtime::suits_small_program_options);
   m.def("small_programs_apart", [] { return runtime::Runtime::get().small_programs_apart(); });
   m.def("plugin_info", [] {
     const auto& info = runtime::Runtime::get().info();
@@ -194,6 +196,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     auto& mt = runtime::metrics();
     py::dict d;
     d["xla_compiles"] = mt.xla_compiles.load();
+    d["thread_compiles"] = mt.thread_compiles.load();
+    d["thread_compiles_joined"] = mt.thread_compiles_joined.load();
     d["compile_seconds"] = mt.compile_seconds.load();
     d["executable_cache_hits"] = mt.executable_cache_hits.load();
     d["executable_cache_misses"] = mt.executable_cache_misses.load();

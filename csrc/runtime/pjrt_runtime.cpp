@@ -115,8 +115,23 @@ Executable::Executable(const PJRT_Api* api, PJRT_LoadedExecutable* exe, std::vec
   for (int64_t b : output_bytes_) total_output_bytes_ += b;
 }
 
+Executable::Executable(std::vector<int64_t> output_bytes, std::shared_future<std::shared_ptr<Executable>> compiled)
+    : compiled_(std::move(compiled)), output_bytes_(std::move(output_bytes)), code_bytes_(0) {
+  for (int64_t b : output_bytes_) total_output_bytes_ += b;
+}
+
+int64_t Executable::code_bytes() const {
+  if (!compiled_.valid()) return code_bytes_;
+  if (compiled_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return 0;
+  try {
+    return compiled_.get()->code_bytes();
+  } catch (...) {
+    return 0;  // (a failed compile: raised where the program is run)
+  }
+}
+
 Executable::~Executable() {
-  if (in_forked_child()) return;  // the parent's plugin state: leave it
+  if (!exe_ || in_forked_child()) return;  // (none of its own; or the parent's plugin state: leave it)
   auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   args.executable = exe_;
   discard(api_, api_->PJRT_LoadedExecutable_Destroy(&args));
@@ -645,7 +660,7 @@ void Runtime::save_to_cache(PJRT_LoadedExecutable* loaded, const std::string& ml
 
 ExecutablePtr Runtime::compile(const std::string& mlir_text) {
   const std::string& options =
-      !small_program_options_.empty() && count_ops(mlir_text, kSmallProgramOps) <= kSmallProgramOps
+      !small_program_options_.empty() && suits_small_program_options(mlir_text)
           ? small_program_options_
           : kCompileOptionsBytes;
   std::optional<Sha256::Digest> key;

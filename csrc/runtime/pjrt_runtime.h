@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -34,6 +35,10 @@ struct Metrics {
   std::atomic<int64_t> host_reads_in_place{0};  // reads copied from host memory (Runtime::read_in_place)
   std::atomic<int64_t> device_to_device_bytes{0};
   std::atomic<double> compile_seconds{0.0};
+  // Programs handed to the compile threads (compile_pool.cpp), and those that
+  // found the same program already compiling there.
+  std::atomic<int64_t> thread_compiles{0};
+  std::atomic<int64_t> thread_compiles_joined{0};
   std::atomic<int64_t> host_waits{0};  // times the host blocked on the device
   // Persistent executable cache (persistent_cache.h): executables loaded from
   // disk instead of compiled, programs not found there, entries written, bad
@@ -134,17 +139,22 @@ class Executable {
  public:
   Executable(const PJRT_Api* api, PJRT_LoadedExecutable* exe, std::vector<int64_t> output_bytes,
              int64_t code_bytes);
+  // A program still compiling (Runtime::compile_async), its output sizes
+  // known ahead: get() waits for the compile and raises its error.
+  Executable(std::vector<int64_t> output_bytes, std::shared_future<std::shared_ptr<Executable>> compiled);
   ~Executable();
-  PJRT_LoadedExecutable* get() const { return exe_; }
+  PJRT_LoadedExecutable* get() const { return compiled_.valid() ? compiled_.get()->get() : exe_; }
   size_t num_outputs() const { return output_bytes_.size(); }
   int64_t output_bytes(size_t i) const { return output_bytes_[i]; }
   int64_t total_output_bytes() const { return total_output_bytes_; }
-  // Generated code as the plugin reports it (0 when it reports none).
-  int64_t code_bytes() const { return code_bytes_; }
+  // Generated code as the plugin reports it (0 when it reports none, or
+  // while the program compiles).
+  int64_t code_bytes() const;
 
  private:
-  const PJRT_Api* api_;
-  PJRT_LoadedExecutable* exe_;
+  const PJRT_Api* api_ = nullptr;
+  PJRT_LoadedExecutable* exe_ = nullptr;
+  std::shared_future<std::shared_ptr<Executable>> compiled_;
   std::vector<int64_t> output_bytes_;
   int64_t total_output_bytes_ = 0;
   int64_t code_bytes_;
@@ -262,6 +272,14 @@ class Runtime {
   // Loads the program from the persistent cache, or compiles it with XLA
   // (xla_compiles) and saves it there.
   ExecutablePtr compile(const std::string& mlir_text);
+  // The same on a compile thread (compile_pool.cpp): returns at once an
+  // executable whose get() waits for it, so that the ops after it (and
+  // their compiles, on other threads) go on meanwhile. `output_bytes`: the
+  // program's output sizes, which launches count before it has compiled;
+  // `what`: the op, named in a compile error.
+  ExecutablePtr compile_async(std::string mlir_text, std::vector<int64_t> output_bytes, std::string what);
+  // TORCH_PJRT_COMPILE_THREADS, read once (a bad value raises).
+  static int compile_threads();
   // The persistent executable cache; disabled() when TORCH_PJRT_CACHE_DIR="".
   PersistentCache& persistent_cache() const { return *cache_; }
   // Whether small programs compile with their own options (plugin_flags.h).

@@ -24,6 +24,9 @@ std::string small_program_options(const std::string& path, const std::string& na
 
 // Programs of at most this many operations take small_program_options.
 constexpr int kSmallProgramOps = 64;
+// Whether a program takes small_program_options: at most kSmallProgramOps
+// operations, none of those the LLVM IR emitters compute worse.
+bool suits_small_program_options(const std::string& mlir_text);
 // The operations of a program in torch_pjrt's StableHLO text (its generic
 // form: one `= "dialect.op"` per operation with results), counted up to `stop`.
 int count_ops(const std::string& mlir_text, int stop);

@@ -187,8 +187,11 @@ std::vector<Value> logit(LoweringContext& ctx) {
   double eps = ctx.to_double("eps", 0.0);
   return float_unary(ctx, [&](Builder& b, const Value& x0) {
     Value x = x0;
+    // (NaN kept by a select: XLA turns min(max(x, lo), hi) into a clamp,
+    // which XLA:CPU's LLVM IR emitters give `lo` for NaN)
     if (clamp)
-      x = b.binary("minimum", b.binary("maximum", x, splat_like(b, eps, x)), splat_like(b, 1.0 - eps, x));
+      x = b.select(b.compare(Cmp::NE, x0, x0), x0,
+                   b.binary("minimum", b.binary("maximum", x, splat_like(b, eps, x)), splat_like(b, 1.0 - eps, x)));
     return b.unary("log", b.binary("divide", x, b.binary("subtract", splat_like(b, 1.0, x), x)));
   });
 }
