@@ -1,16 +1,22 @@
 """Cold start with an empty persistent cache: what XLA's compiles cost a new
-process on XLA's CPU plugin, by the emitters that compile its programs:
-- by size (torch_pjrt's default): programs of at most 64 operations with the
-  LLVM IR emitters (`xla_cpu_use_fusion_emitters=false`, a per-compile
-  option), larger ones with XLA's default MLIR fusion emitters;
-- LLVM IR emitters for all (`XLA_FLAGS=--xla_cpu_use_fusion_emitters=false`);
-- MLIR fusion emitters for all, XLA's default (`XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`).
+process on XLA's CPU plugin, by the emitters that compile its programs and by
+where eager programs compile:
+- default: programs of at most 64 operations with the LLVM IR emitters
+  (`xla_cpu_use_fusion_emitters=false`, a per-compile option), larger ones
+  with XLA's default MLIR fusion emitters; eager programs on compile threads
+  (TORCH_PJRT_COMPILE_THREADS, default the CPU count);
+- the same, compiled on the calling thread (TORCH_PJRT_COMPILE_THREADS=0);
+- LLVM IR emitters for all (`XLA_FLAGS=--xla_cpu_use_fusion_emitters=false`), on the caller;
+- MLIR fusion emitters for all, on the caller: XLA's default, and torch_pjrt
+  before session 51.
 
-Each workload runs in a fresh process with an empty cache, the two settings
+Each workload runs in a fresh process with an empty cache, the settings
 alternating --repeats times; figures are medians. Columns: wall seconds of
-the workload, XLA compiles, and the seconds they took (metrics()).
+the workload, XLA compiles, and the seconds they took (metrics(); compiles on
+threads overlap, so their seconds can exceed the wall time).
 
-- elementwise: `x + 1` on 40 new shapes (40 one-op programs);
+- elementwise: `x + 1` on 40 new shapes, each read back (40 one-op programs,
+  one at a time);
 - gpt eager: the first 3 strict-eager training steps of examples/models.py's GPT;
 - gpt captured: the first 5 steps of the same GPT as one captured step
   (torch_pjrt.capture_step: its op programs, then one whole-step program);
@@ -31,8 +37,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench  # noqa: E402
 
-SETTINGS = {"by size (default)": "", "LLVM IR for all": "--xla_cpu_use_fusion_emitters=false",
-            "MLIR fusion for all": "--xla_cpu_use_fusion_emitters=true"}
+CALLER = {"TORCH_PJRT_COMPILE_THREADS": "0"}
+SETTINGS = {
+    "default (by size, compile threads)": {},
+    "by size, on the caller": CALLER,
+    "LLVM IR for all, on the caller": dict(CALLER, XLA_FLAGS="--xla_cpu_use_fusion_emitters=false"),
+    "MLIR fusion for all, on the caller": dict(CALLER, XLA_FLAGS="--xla_cpu_use_fusion_emitters=true"),
+}
 
 WORKLOADS = {
     "elementwise": """
@@ -86,10 +97,11 @@ print(json.dumps({{"wall": wall, "compiles": m1["xla_compiles"] - m0["xla_compil
 """
 
 
-def run_child(body, flags):
+def run_child(body, setting):
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache, XLA_FLAGS=flags,
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TORCH_PJRT_COMPILE_THREADS")}
+        env.update(TORCH_PJRT_CACHE_DIR=cache, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **setting)
         p = subprocess.run([sys.executable, "-c", CHILD.format(body=body), ROOT], env=env,
                            capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -108,13 +120,13 @@ def main():
                 continue
         runs = {s: [] for s in SETTINGS}
         for _ in range(args.repeats):
-            for setting, flags in SETTINGS.items():
-                runs[setting].append(run_child(body, flags))
+            for name_, setting in SETTINGS.items():
+                runs[name_].append(run_child(body, setting))
         for setting, rs in runs.items():
             med = {k: statistics.median(r[k] for r in rs) for k in ("wall", "compiles", "compile_s")}
             ms_per = med["compile_s"] / max(med["compiles"], 1) * 1e3
             rows.append([name, setting, med["wall"], int(med["compiles"]), med["compile_s"], ms_per])
-    bench.print_table(["workload", "emitters", "wall (s)", "XLA compiles", "compile (s)",
+    bench.print_table(["workload", "setting", "wall (s)", "XLA compiles", "compile (s)",
                        "ms per compile"], rows, ["", "", ".2f", "", ".2f", ".1f"], args.markdown)
 
 

@@ -137,8 +137,11 @@ bool suits_small_program_options(const std::string& mlir_text) {
   // against 3). Programs holding them keep the fusion emitters. (bf16
   // subnormals: the fusion emitters flush every one to 0, the LLVM IR ones
   // order a few wrongly; neither is kept apart for it.)
+  // Float8 conversions: the LLVM IR emitters round them otherwise than CPU
+  // (tests/test_float8.py fails 18 cases with them).
   auto has = [&](const char* s) { return mlir_text.find(s) != std::string::npos; };
-  if (has("\"stablehlo.tan\"") || has("\"chlo.tan\"") || has("\"chlo.lgamma\"")) return false;
+  if (has("\"stablehlo.tan\"") || has("\"chlo.tan\"") || has("\"chlo.lgamma\"") || has("xf8E") || has("<f8E"))
+    return false;
   return true;
 }
 
