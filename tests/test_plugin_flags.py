@@ -142,3 +142,25 @@ def test_logit_with_eps_keeps_nan():
         got = torch.logit(x.to(dtype).to("tpu"), eps=1e-6).cpu()
         assert torch.isnan(got[0]), (dtype, got)
         torch.testing.assert_close(got[1:3], torch.logit(x.to(dtype), eps=1e-6)[1:3], rtol=1e-2, atol=0)
+
+
+def test_erf_saturates_with_either_emitter():
+    # The fusion emitters' erf stops at -0.99999982 below -3.7: gelu(-1e6) was
+    # -0.089 (not -0) in a large program (a fused trace, a compiled graph),
+    # which keeps them. The lowering gives +-1 where erf rounds to it.
+    code = """
+import json, torch, torch_pjrt
+x = torch.tensor([-1e6, -3.4e38, -10.0, -4.0, 3.95, 1e30, float("inf"), float("-inf"), float("nan")])
+F = torch.nn.functional
+out = {}
+for dt in (torch.float32, torch.float64):
+    t = x.to(dt)
+    out[str(dt)] = [torch.erf(t.to("tpu")).cpu().tolist(), torch.erf(t).tolist(),
+                    F.gelu(t[:5].to("tpu")).cpu().tolist(), F.gelu(t[:5]).tolist()]
+print(json.dumps(out))
+"""
+    for flags in (None, "--xla_cpu_use_fusion_emitters=true"):
+        for dt, (erf_tpu, erf_cpu, gelu_tpu, gelu_cpu) in json.loads(_in_child(flags, code)).items():
+            assert erf_tpu[:8] == erf_cpu[:8] and erf_tpu[8] != erf_tpu[8], (flags, dt, erf_tpu)
+            assert gelu_tpu[:3] == [0.0, 0.0, 0.0], (flags, dt, gelu_tpu)
+            torch.testing.assert_close(torch.tensor(gelu_tpu), torch.tensor(gelu_cpu), rtol=1e-5, atol=1e-6)

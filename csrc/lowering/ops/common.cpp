@@ -34,7 +34,15 @@ std::vector<Value> float_unary(LoweringContext& ctx,
   return {ctx.b.convert(fn(ctx.b, x), out)};
 }
 
-Value erf(Builder& b, const Value& x) { return b.op("chlo.erf", {x}, x.type); }
+// ±1 exactly where erf rounds to ±1 in the type (|x| >= 3.92 in float32,
+// 5.93 in float64): XLA:CPU's fusion emitters' erf stops short there
+// (-0.99999982 for every x below -3.7), so gelu(-1e6) gave -0.089, not -0,
+// in a large program.
+Value erf(Builder& b, const Value& x) {
+  Value r = b.op("chlo.erf", {x}, x.type);
+  Value big = b.compare(Cmp::GE, b.unary("abs", x), splat_like(b, x.dtype() == DType::F64 ? 5.93 : 3.92, x));
+  return b.select(big, b.unary("sign", x), r);  // (NaN: the compare is false)
+}
 
 Value gelu_value(Builder& b, const Value& x, bool tanh_approximation) {
   Value half = splat_like(b, 0.5, x), one = splat_like(b, 1, x);
