@@ -38,8 +38,7 @@ const Flag kFlags[] = {
 // thirds of the time, and a large one in up to three times the time (the
 // crossing near 64 ops; docs/results.md, session 51). Eager compiles one
 // small program per op and shape: that is the cold start of every eager
-// model. Results are the same but for erf, where the LLVM IR emitters' is the
-// closer to CPU's (tests/test_plugin_flags.py).
+// model. What the two emitters compute differently: suits_small_program_options.
 constexpr char kEmitterOption[] = "xla_cpu_use_fusion_emitters";
 
 std::mutex g_mutex;
@@ -131,14 +130,14 @@ std::string small_program_options(const std::string& path, const std::string& na
 
 bool suits_small_program_options(const std::string& mlir_text) {
   if (count_ops(mlir_text, kSmallProgramOps) > kSmallProgramOps) return false;
-  // What the LLVM IR emitters compute worse than the fusion emitters (a
-  // differential sweep of 3,531 op/dtype/value cases against CPU, session
-  // 51): tan (subnormal inputs give 0; 2 ulp against 1) and lgamma (7 ulp
-  // against 3). Programs holding them keep the fusion emitters. (bf16
-  // subnormals: the fusion emitters flush every one to 0, the LLVM IR ones
-  // order a few wrongly; neither is kept apart for it.)
-  // Float8 conversions: the LLVM IR emitters round them otherwise than CPU
-  // (tests/test_float8.py fails 18 cases with them).
+  // A differential sweep of 3,531 op/dtype/value cases against CPU (session
+  // 51) found the LLVM IR emitters closer for erf, digamma, erfinv and
+  // logaddexp2, and worse for tan (subnormal inputs give 0; 2 ulp against 1)
+  // and lgamma (7 ulp against 3); they also round float8 conversions
+  // otherwise than CPU (18 tests/test_float8.py cases). Programs holding
+  // those keep the fusion emitters. (bf16 subnormals: the fusion emitters
+  // flush every one to 0, the LLVM IR ones order a few wrongly; neither is
+  // kept apart for it.)
   auto has = [&](const char* s) { return mlir_text.find(s) != std::string::npos; };
   if (has("\"stablehlo.tan\"") || has("\"chlo.tan\"") || has("\"chlo.lgamma\"") || has("xf8E") || has("<f8E"))
     return false;
