@@ -907,6 +907,10 @@ void fused_flush(const char* reason) {
   g_stats.op_by_op_runs++;
   if (repeat && !due && !cut) g_stats.deferred_compiles++;
   std::vector<runtime::BufferPtr> values(t.next_value);
+  // The ops' own programs finish compiling first (compile threads): that is
+  // not what running the trace op by op costs, which decides its compile.
+  for (const TraceOp& op : t.ops)
+    if (op.plan->exe) op.plan->exe->wait();
   auto start = std::chrono::steady_clock::now();
   try {
     run_op_by_op(t, values, outputs, why);

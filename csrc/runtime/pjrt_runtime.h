@@ -144,6 +144,10 @@ class Executable {
   Executable(std::vector<int64_t> output_bytes, std::shared_future<std::shared_ptr<Executable>> compiled);
   ~Executable();
   PJRT_LoadedExecutable* get() const { return compiled_.valid() ? compiled_.get()->get() : exe_; }
+  // Waits for a compile in flight (its error is left for get()).
+  void wait() const {
+    if (compiled_.valid()) compiled_.wait();
+  }
   size_t num_outputs() const { return output_bytes_.size(); }
   int64_t output_bytes(size_t i) const { return output_bytes_[i]; }
   int64_t total_output_bytes() const { return total_output_bytes_; }
