@@ -116,12 +116,19 @@ void warn_once(const std::vector<std::string>& messages) {
 
 }  // namespace
 
-runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
+namespace {
+
+// TORCH_PJRT_DUMP and record_programs see every program compiled.
+void note_program(const std::string& text, const std::string& what) {
   if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << text;
-  {
-    std::lock_guard<std::mutex> lock(g_record_mutex);
-    if (g_recording) g_recorded.emplace_back(what, text);
-  }
+  std::lock_guard<std::mutex> lock(g_record_mutex);
+  if (g_recording) g_recorded.emplace_back(what, text);
+}
+
+}  // namespace
+
+runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
+  note_program(text, what);
   return rt().compile(text);
 }
 
@@ -134,20 +141,12 @@ namespace {
 // are read (as a failed launch's), naming the op.
 runtime::ExecutablePtr compile_plan(const Plan& plan, const std::string& what) {
   if (debug_mode() || !runtime::async_launch_enabled()) return compile_program(plan.text, what);
-  if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << plan.text;
-  {
-    std::lock_guard<std::mutex> lock(g_record_mutex);
-    if (g_recording) g_recorded.emplace_back(what, plan.text);
-  }
+  note_program(plan.text, what);
   std::vector<int64_t> bytes;
   bytes.reserve(plan.output_types.size());
   for (const lowering::TensorType& t : plan.output_types) bytes.push_back(t.numel() * lowering::itemsize(t.dtype));
   return rt().compile_async(plan.text, std::move(bytes), what);
 }
-
-}  // namespace
-
-namespace {
 
 std::string strip_namespace(const std::string& name) {
   auto pos = name.find("::");
