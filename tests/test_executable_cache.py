@@ -1,6 +1,7 @@
 """The in-memory executable cache is LRU-bounded (entries and bytes) for every
 frontend: a process that sees ever new shapes keeps a flat footprint, and
 evictions are counted. Fresh processes, so the bounds and RSS are their own."""
+import pytest
 import torch
 
 import torch_pjrt
@@ -70,6 +71,7 @@ print("RESULT " + json.dumps({"ok": all(results) and again, "size": m["executabl
     assert out["size"] <= 8 and out["evictions"] > 40
 
 
+@pytest.mark.strict_eager  # (counts one program per op)
 def test_bounds_are_in_metrics_and_default():
     entries, nbytes = torch_pjrt.executable_cache_bounds()
     assert entries > 0 and nbytes > 0
@@ -114,6 +116,7 @@ print("RESULT " + json.dumps({"base": base, "worst": worst, "ok": bool(ok),
     assert out["worst"] < 800 + 600, out  # the bound, plus at most one executable over it
 
 
+@pytest.mark.strict_eager  # (counts one program per op)
 def test_a_hot_program_stays_and_dropped_entries_are_not_found_again():
     """Eager lookups of a key go through a per-thread front without the
     cache's lock; its hits still keep their program's place in the LRU order,

@@ -134,6 +134,15 @@ if _autoload_error is None:
 
 
 @atexit.register
+def _let_compiles_finish():
+    # Programs still compiling on compile threads (a fused trace's can take
+    # XLA seconds) finish first: the C exit handlers after the interpreter's
+    # run XLA's static destructors, and a compile running then crashes.
+    if _state.C is not None and _state.C.initialized():
+        _state.C.wait_for_compiles()
+
+
+@atexit.register
 def _let_autograd_threads_finish():
     # PyTorch's autograd device threads (one per tpu) drop a finished
     # backward's state, which holds Python objects, just after backward()

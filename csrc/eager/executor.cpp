@@ -116,19 +116,15 @@ void warn_once(const std::vector<std::string>& messages) {
 
 }  // namespace
 
-namespace {
-
 // TORCH_PJRT_DUMP and record_programs see every program compiled.
-void note_program(const std::string& text, const std::string& what) {
+void note_compiled_program(const std::string& text, const std::string& what) {
   if (dump_programs()) std::cerr << "[torch_pjrt] program for " << what << ":\n" << text;
   std::lock_guard<std::mutex> lock(g_record_mutex);
   if (g_recording) g_recorded.emplace_back(what, text);
 }
 
-}  // namespace
-
 runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what) {
-  note_program(text, what);
+  note_compiled_program(text, what);
   return rt().compile(text);
 }
 
@@ -141,7 +137,7 @@ namespace {
 // are read (as a failed launch's), naming the op.
 runtime::ExecutablePtr compile_plan(const Plan& plan, const std::string& what) {
   if (debug_mode() || !runtime::async_launch_enabled()) return compile_program(plan.text, what);
-  note_program(plan.text, what);
+  note_compiled_program(plan.text, what);
   std::vector<int64_t> bytes;
   bytes.reserve(plan.output_types.size());
   for (const lowering::TensorType& t : plan.output_types) bytes.push_back(t.numel() * lowering::itemsize(t.dtype));

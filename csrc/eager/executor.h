@@ -38,6 +38,8 @@ std::vector<runtime::BufferPtr> run_cached(
 
 // Compiles a program (TORCH_PJRT_DUMP prints it; record_programs keeps it).
 runtime::ExecutablePtr compile_program(const std::string& text, const std::string& what);
+// What compile_program does first: TORCH_PJRT_DUMP and record_programs see it.
+void note_compiled_program(const std::string& text, const std::string& what);
 
 int64_t executable_cache_size();
 // How each op's float arguments are treated, learned at its first build:

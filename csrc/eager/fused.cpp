@@ -100,6 +100,18 @@ size_t max_ops() {
 // read, where the whole trace would have been (a trace begun at a cut is never
 // learned from).
 std::atomic<int> g_pipeline{-1};  // -1: not read from the environment yet
+// Fused programs compile on compile threads (compile_fused);
+// TORCH_PJRT_FUSED_BACKGROUND_COMPILE=0 compiles them on the caller.
+std::atomic<int> g_background_compile{-1};  // -1: not read from the environment yet
+bool background_compile_on() {
+  int on = g_background_compile.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = env_choice("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "1", {"0", "1"}) == "1";
+    g_background_compile.store(on);
+  }
+  return on == 1;
+}
+
 bool pipeline_on() {
   int on = g_pipeline.load(std::memory_order_relaxed);
   if (on < 0) {
@@ -275,6 +287,57 @@ bool compile_at_second() {
 bool compile_due(const Trace& t, const Entry& e, int64_t gap) {
   return capturing() || (gap <= kHotGap && t.ops.size() <= hot_max_ops()) || compile_at_second() ||
          e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
+}
+
+void fused_compile_failed(const std::exception& err) {
+  g_stats.compile_failures++;
+  if (std::getenv("TORCH_PJRT_DUMP")) std::cerr << "[torch_pjrt] fused program failed to compile: " << err.what() << "\n";
+}
+
+// A trace's fused program compiling on a thread: taken once done.
+void compiled_fused(const Trace& t, Entry& e) {
+  if (!e.compiling->ready()) return;
+  runtime::ExecutablePtr compiling = std::move(e.compiling);
+  e.compiling.reset();
+  try {
+    e.exe = compiling->compiled();
+    g_stats.programs_compiled++;
+    g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
+    g_stats.compile_seconds += e.exe->thread_compile_seconds;
+  } catch (const std::exception& err) {
+    e.failed = true;
+    fused_compile_failed(err);
+  }
+}
+
+// The fused program of a trace that repeats. It compiles on a compile thread
+// (compile_pool.cpp) where eager programs do: a trace of a training step can
+// take XLA seconds, and its sightings meanwhile run op by op as before it
+// repeated (the same values: op by op is strict eager's semantics), so a cold
+// start does not stop at the second step. On the caller under step capture
+// (the capture needs the program), with TORCH_PJRT_COMPILE_THREADS=0 and
+// with TORCH_PJRT_FUSED_BACKGROUND_COMPILE=0 (when a trace switches to its
+// program then depends on nothing but its sightings: the tests' setting).
+void compile_fused(const Trace& t, Entry& e, std::string text, const std::vector<std::pair<int32_t, int32_t>>& aliases) {
+  std::string what = "fused eager trace of " + std::to_string(t.ops.size()) + " ops";
+  e.aliases = aliases;
+  if (!capturing() && background_compile_on() && runtime::Runtime::compile_threads() > 0 &&
+      runtime::async_launch_enabled()) {
+    note_compiled_program(text, what);
+    e.compiling = rt().compile_async(std::move(text), {}, std::move(what));
+    compiled_fused(t, e);  // (found at once in the persistent cache, or compiled by another trace)
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    e.exe = compile_program(text, what);
+    g_stats.programs_compiled++;
+    g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
+  } catch (const std::exception& err) {
+    e.failed = true;
+    fused_compile_failed(err);
+  }
+  g_stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int64_t max_entries() {
@@ -867,26 +930,18 @@ void fused_flush(const char* reason) {
   std::shared_ptr<Entry> e = find_or_add(t);
   int64_t gap = e->last_flush < 0 ? -1 : g_stats.flushes - e->last_flush;
   e->last_flush = g_stats.flushes;
-  bool repeat = e->seen >= 1 && !e->exe && !e->failed;
+  if (e->compiling) {
+    if (capturing()) e->compiling->wait();  // (a captured step replays the program)
+    compiled_fused(t, *e);
+  }
+  bool repeat = e->seen >= 1 && !e->exe && !e->compiling && !e->failed;
   bool due = repeat && compile_due(t, *e, gap);
   // Seen before: it will be cut from now on, so its whole program would not
   // be used (compiled all the same if the cut is never reached).
   bool cut = !e->failed && e->seen >= 1 && learn_cut(t, *e, wanted);
   if (due && !cut) {
     // This trace repeats, so its fused program pays off.
-    auto start = std::chrono::steady_clock::now();
-    try {
-      e->exe = compile_program(fused_text(t, outputs, aliases),
-                               "fused eager trace of " + std::to_string(t.ops.size()) + " ops");
-      e->aliases = aliases;
-      g_stats.programs_compiled++;
-      g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
-    } catch (const std::exception& err) {
-      e->failed = true;
-      g_stats.compile_failures++;
-      if (std::getenv("TORCH_PJRT_DUMP")) std::cerr << "[torch_pjrt] fused program failed to compile: " << err.what() << "\n";
-    }
-    g_stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    compile_fused(t, *e, fused_text(t, outputs, aliases), aliases);
   } else if (e->exe) {
     g_stats.cache_hits++;
   }
@@ -906,6 +961,7 @@ void fused_flush(const char* reason) {
   }
   g_stats.op_by_op_runs++;
   if (repeat && !due && !cut) g_stats.deferred_compiles++;
+  if (e->compiling) g_stats.runs_while_compiling++;
   std::vector<runtime::BufferPtr> values(t.next_value);
   // The ops' own programs finish compiling first (compile threads): that is
   // not what running the trace op by op costs, which decides its compile.
@@ -924,6 +980,12 @@ void fused_flush(const char* reason) {
   std::vector<runtime::BufferPtr> results;
   for (int32_t v : outputs) results.push_back(values[v]);
   assign(results);
+}
+
+bool set_fused_background_compile(bool on) {
+  bool was = background_compile_on();
+  g_background_compile.store(on ? 1 : 0);
+  return was;
 }
 
 bool set_fused_pipeline(bool on) {

@@ -62,6 +62,9 @@ inline void settle(device::StorageBuffer& sb) {
 // Pipelined flushes (TORCH_PJRT_FUSED_PIPELINE; see fused.cpp) on or off
 // for what is recorded from now on; returns the previous setting.
 bool set_fused_pipeline(bool on);
+// Fused programs compiled on compile threads (TORCH_PJRT_FUSED_BACKGROUND_COMPILE)
+// or on the caller, from now on; returns the previous setting.
+bool set_fused_background_compile(bool on);
 // A storage dies while the trace owes its value: the value never leaves.
 void fused_forget(device::StorageBuffer* sb);
 
@@ -88,6 +91,9 @@ struct FusedStats {
   // Sightings of a trace seen before that still ran op by op: it does not
   // recur in a tight loop and has not yet spent its compile time op by op.
   int64_t deferred_compiles = 0;
+  // Sightings of a trace whose fused program was still compiling on a
+  // compile thread: run op by op meanwhile (fused.cpp, compile_fused).
+  int64_t runs_while_compiling = 0;
   double compile_seconds = 0;
   int64_t compiled_ops = 0;  // ops in the fused programs compiled (compile_seconds per op)
   std::map<std::string, int64_t> flushes_by_reason;

@@ -121,6 +121,9 @@ struct Trace {
 struct Entry {
   std::vector<int64_t> structure;
   runtime::ExecutablePtr exe;
+  // Its fused program while it compiles on a compile thread; becomes `exe`
+  // at the first flush that finds it done (`failed` if it did not compile).
+  runtime::ExecutablePtr compiling;
   std::vector<std::pair<int32_t, int32_t>> aliases;  // (external, output) donated when safe
   int seen = 0;
   bool failed = false;  // the fused program did not compile: op by op

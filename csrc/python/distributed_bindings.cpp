@@ -8,6 +8,7 @@
 #include "distributed/device_backend.h"
 #include "distributed/host_backend.h"
 #include "distributed/store_kv.h"
+#include "eager/fused.h"
 #include "runtime/pjrt_runtime.h"
 
 namespace py = pybind11;
@@ -53,6 +54,7 @@ void bind_distributed(py::module& m) {
   // The client spans processes from now on; `store` is the job's (keys under it are the plugin's).
   m.def("make_distributed_client", [](c10::intrusive_ptr<c10d::Store> store, int node_id, int num_nodes) {
     py::gil_scoped_release release;  // the plugin waits on the other processes through the store
+    eager::fused_flush("synchronize");  // tensors fused eager has only recorded exist too (and make it refuse)
     runtime::Runtime::get().make_distributed(node_id, num_nodes, distributed::store_as_kv(std::move(store)));
   });
   m.def("client_node", [] { return runtime::Runtime::get().node(); });

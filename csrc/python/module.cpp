@@ -80,6 +80,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("drop_flags_unknown_to", &runtime::drop_flags_unknown_to);
   m.def("count_ops", &runtime::count_ops);
   m.def("suits_small_program_options", &runtime::suits_small_program_options);
+  m.def("wait_for_compiles", &runtime::Runtime::wait_for_compiles, py::call_guard<py::gil_scoped_release>());
   m.def("small_programs_apart", [] { return runtime::Runtime::get().small_programs_apart(); });
   m.def("plugin_info", [] {
     const auto& info = runtime::Runtime::get().info();
@@ -245,6 +246,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     d["fused_cache_hits"] = fs.cache_hits;
     d["fused_op_by_op_runs"] = fs.op_by_op_runs;
     d["fused_deferred_compiles"] = fs.deferred_compiles;
+    d["fused_runs_while_compiling"] = fs.runs_while_compiling;
     d["fused_compile_failures"] = fs.compile_failures;
     d["fused_cache_size"] = fs.cache_size;
     d["fused_dead_traces"] = fs.dead_traces;
@@ -358,6 +360,7 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("fused_enter", &eager::fused_enter);
   m.def("set_fused_pipeline", &eager::set_fused_pipeline);
+  m.def("set_fused_background_compile", &eager::set_fused_background_compile);
   m.def("fused_leave", [] {
     py::gil_scoped_release release;
     eager::fused_leave();

@@ -6,6 +6,8 @@
 // side by side, on up to TORCH_PJRT_COMPILE_THREADS threads (default: the
 // CPU count, at most 8; 0 compiles on the caller).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -69,19 +71,26 @@ struct Pool {
     }
   }
 
+  void wait_idle(std::unique_lock<std::mutex>& lock) {
+    idle.wait(lock, [&] { return jobs.empty() && running == 0; });
+  }
+
   void drain() {
     if (in_forked_child()) return;  // (the parent's threads and lock state: not ours to wait for)
     std::unique_lock<std::mutex> lock(mutex);
-    idle.wait(lock, [&] { return jobs.empty() && running == 0; });
+    wait_idle(lock);
     exiting = true;
     work.notify_all();
   }
 };
 
+std::atomic<Pool*> g_pool{nullptr};
+
 Pool& pool() {
   static Pool* p = [] {
     auto* made = new Pool();
     std::atexit([] { pool().drain(); });
+    g_pool.store(made);
     return made;
   }();
   return *p;
@@ -92,6 +101,13 @@ Pool& pool() {
 int Runtime::compile_threads() {
   static const int n = configured_threads();
   return n;
+}
+
+void Runtime::wait_for_compiles() {
+  Pool* p = g_pool.load();
+  if (!p || in_forked_child()) return;
+  std::unique_lock<std::mutex> lock(p->mutex);
+  p->wait_idle(lock);
 }
 
 ExecutablePtr Runtime::compile_async(std::string mlir_text, std::vector<int64_t> output_bytes, std::string what) {
@@ -121,8 +137,12 @@ ExecutablePtr Runtime::compile_async(std::string mlir_text, std::vector<int64_t>
           }
         } done_with{p, text};
         try {
+          auto start = std::chrono::steady_clock::now();
           ExecutablePtr done = compile(text);
-          bool same = done->num_outputs() == expected.size();
+          done->thread_compile_seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          // (`expected` empty: the caller takes the outputs the program has.)
+          bool same = expected.empty() || done->num_outputs() == expected.size();
           for (size_t i = 0; same && i < expected.size(); ++i) same = done->output_bytes(i) == expected[i];
           if (!same)
             throw std::logic_error("torch_pjrt: internal error: a program's outputs are not the sizes its plan "

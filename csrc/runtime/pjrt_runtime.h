@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -148,6 +149,16 @@ class Executable {
   void wait() const {
     if (compiled_.valid()) compiled_.wait();
   }
+  // Whether get() would not wait (a compile in flight has ended, well or not).
+  bool ready() const {
+    return !compiled_.valid() || compiled_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  // The program a compile in flight made (waits; raises its error); null for
+  // a program compiled already.
+  std::shared_ptr<Executable> compiled() const { return compiled_.valid() ? compiled_.get() : nullptr; }
+  // Seconds the compile (or persistent-cache load) took on a compile thread
+  // (Runtime::compile_async sets it on the program it made).
+  double thread_compile_seconds = 0;
   size_t num_outputs() const { return output_bytes_.size(); }
   int64_t output_bytes(size_t i) const { return output_bytes_[i]; }
   int64_t total_output_bytes() const { return total_output_bytes_; }
@@ -279,11 +290,17 @@ class Runtime {
   // The same on a compile thread (compile_pool.cpp): returns at once an
   // executable whose get() waits for it, so that the ops after it (and
   // their compiles, on other threads) go on meanwhile. `output_bytes`: the
-  // program's output sizes, which launches count before it has compiled;
+  // program's output sizes, which launches count before it has compiled
+  // (empty: not known, not checked; only compiled() is then of use);
   // `what`: the op, named in a compile error.
   ExecutablePtr compile_async(std::string mlir_text, std::vector<int64_t> output_bytes, std::string what);
   // TORCH_PJRT_COMPILE_THREADS, read once (a bad value raises).
   static int compile_threads();
+  // Waits until no compile is queued or running on the compile threads.
+  // torch_pjrt calls it at interpreter exit (Python's atexit): exit's own
+  // handlers run XLA's static destructors, which a compile still running
+  // (a fused trace's can take seconds) would crash in.
+  static void wait_for_compiles();
   // The persistent executable cache; disabled() when TORCH_PJRT_CACHE_DIR="".
   PersistentCache& persistent_cache() const { return *cache_; }
   // Whether small programs compile with their own options (plugin_flags.h).

@@ -1,0 +1,96 @@
+"""Fused eager's programs compiled on compile threads (the users' default,
+TORCH_PJRT_FUSED_BACKGROUND_COMPILE=1): a trace that repeats runs op by op
+while its program compiles, then switches to it, with CPU's values throughout.
+Each case runs in a fresh process with the persistent cache off, so that the
+compile takes XLA's time and the switch happens mid-run (the rest of the
+suite compiles fused programs on the caller: tests/conftest.py)."""
+import json
+
+import pytest
+
+from conftest import FUSED, run_json, run_python
+
+pytestmark = pytest.mark.skipif(FUSED, reason="runs its own fused regions in fresh processes")
+
+TRAIN = """
+import json, sys, time, torch, torch_pjrt
+sys.path.insert(0, "examples")
+import models
+steps = {steps}
+cpu = models.train("gpt", "cpu", steps)
+seen = []
+def on_step(step, loss):
+    loss.item()
+    m = torch_pjrt.metrics()
+    seen.append((m["fused_runs_while_compiling"], m["fused_cache_hits"], m["fused_programs_compiled"]))
+with torch_pjrt.fused():
+    tpu = models.train("gpt", "tpu", steps, on_step=on_step)
+    # The same steps again until the programs are in use (bounded by time).
+    end = time.time() + 120
+    while torch_pjrt.metrics()["fused_cache_hits"] == 0 and time.time() < end:
+        models.train("gpt", "tpu", 2)
+    again = models.train("gpt", "tpu", steps, on_step=on_step)
+print("RESULT " + json.dumps({{"cpu": cpu, "tpu": tpu, "again": again, "seen": seen, "m": {{
+    k: v for k, v in torch_pjrt.metrics().items() if k.startswith("fused") and not isinstance(v, dict)}}}}))
+"""
+
+
+def test_training_runs_op_by_op_while_its_programs_compile_then_switches():
+    steps = 10
+    r = run_json(TRAIN.format(steps=steps), TORCH_PJRT_FUSED_BACKGROUND_COMPILE="1", TORCH_PJRT_CACHE_DIR="")
+    import torch
+    # CPU's losses before, across and after the switch to the fused programs.
+    torch.testing.assert_close(torch.tensor(r["tpu"]), torch.tensor(r["cpu"]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(r["again"]), torch.tensor(r["cpu"]), rtol=1e-5, atol=1e-5)
+    m = r["m"]
+    # Sightings ran op by op while the programs compiled (a compile takes
+    # XLA tens of milliseconds at least; the sighting that starts it is one).
+    assert m["fused_runs_while_compiling"] >= 1, m
+    # ... and the programs were then used, each compiled once.
+    assert m["fused_cache_hits"] >= steps, m
+    assert 1 <= m["fused_programs_compiled"] <= 4, m
+    assert m["fused_compile_failures"] == 0, m
+    assert m["fused_compile_seconds"] > 0, m
+
+
+def test_on_the_caller_the_second_sighting_runs_the_program():
+    """TORCH_PJRT_FUSED_BACKGROUND_COMPILE=0 (and TORCH_PJRT_COMPILE_THREADS=0):
+    no sighting runs op by op waiting for a compile."""
+    for env in ({"TORCH_PJRT_FUSED_BACKGROUND_COMPILE": "0"},
+                {"TORCH_PJRT_FUSED_BACKGROUND_COMPILE": "1", "TORCH_PJRT_COMPILE_THREADS": "0"}):
+        r = run_json(TRAIN.format(steps=6), TORCH_PJRT_CACHE_DIR="", **env)
+        assert r["m"]["fused_runs_while_compiling"] == 0, (env, r["m"])
+        assert r["m"]["fused_cache_hits"] >= 6, (env, r["m"])
+
+
+def test_exit_while_a_fused_program_compiles():
+    """The process ends while a training step's fused program is compiling:
+    exit waits for it (XLA's static destructors crashed under a compile that
+    was still running) and the process ends cleanly."""
+    code = """
+import json, sys, torch, torch_pjrt
+sys.path.insert(0, "examples")
+import models
+with torch_pjrt.fused():
+    models.train("gpt", "tpu", 6, on_step=lambda s, l: l.item())
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps([m["fused_runs_while_compiling"], m["fused_programs_compiled"]]), flush=True)
+"""
+    for _ in range(2):
+        r = run_python(code, timeout=300, TORCH_PJRT_FUSED_BACKGROUND_COMPILE="1", TORCH_PJRT_CACHE_DIR="")
+        assert r.returncode == 0, r.stderr[-3000:]
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        while_compiling, compiled = json.loads(line[len("RESULT "):])
+        assert while_compiling >= 1 and compiled == 0, line  # (still compiling when the script ended)
+
+
+def test_the_setting_is_checked():
+    code = """
+import torch, torch_pjrt
+with torch_pjrt.fused():
+    for _ in range(3):
+        (torch.ones(2, device='tpu') + 1).cpu()  # (the trace repeats: its program is due)
+"""
+    r = run_python(code, TORCH_PJRT_FUSED_BACKGROUND_COMPILE="yes")
+    assert r.returncode != 0
+    assert "TORCH_PJRT_FUSED_BACKGROUND_COMPILE" in r.stderr, r.stderr[-2000:]
