@@ -8,12 +8,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# A fused trace that repeats gets its program at once, compiled on the caller,
-# so that tests counting fused executions and cache hits do not depend on a
-# compile thread's timing. Users' default (1) compiles it on a compile thread
-# while the trace runs op by op; tests/test_fused_background_compile.py turns
-# that on.
-os.environ.setdefault("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "0")
+# A fused trace due to compile gets its program at once, compiled on the
+# caller, so that tests counting fused runs, deferred compiles and cache hits
+# do not depend on a compile thread's timing. Users' default (auto) compiles
+# the program of a trace outside a tight loop on a compile thread while the
+# trace runs op by op; tests/test_fused_background_compile.py covers it.
+os.environ.setdefault("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "off")
 # The persistent executable cache stays at its default (the user cache dir,
 # see torch_pjrt/cache.py) on purpose: a rerun loads what earlier runs compiled
 # (about twice as fast). TORCH_PJRT_CACHE_DIR="" makes a run compile everything;

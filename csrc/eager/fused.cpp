@@ -100,16 +100,19 @@ size_t max_ops() {
 // read, where the whole trace would have been (a trace begun at a cut is never
 // learned from).
 std::atomic<int> g_pipeline{-1};  // -1: not read from the environment yet
-// Fused programs compile on compile threads (compile_fused);
-// TORCH_PJRT_FUSED_BACKGROUND_COMPILE=0 compiles them on the caller.
+// Which fused programs compile on compile threads (compile_fused):
+// TORCH_PJRT_FUSED_BACKGROUND_COMPILE=auto (those of traces that do not
+// repeat in a tight loop), all, or off.
+enum Background : int { kBackgroundOff = 0, kBackgroundAuto = 1, kBackgroundAll = 2 };
 std::atomic<int> g_background_compile{-1};  // -1: not read from the environment yet
-bool background_compile_on() {
-  int on = g_background_compile.load(std::memory_order_relaxed);
-  if (on < 0) {
-    on = env_choice("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "1", {"0", "1"}) == "1";
-    g_background_compile.store(on);
+int background_compile() {
+  int v = g_background_compile.load(std::memory_order_relaxed);
+  if (v < 0) {
+    std::string s = env_choice("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "auto", {"auto", "all", "off"});
+    v = s == "all" ? kBackgroundAll : s == "auto" ? kBackgroundAuto : kBackgroundOff;
+    g_background_compile.store(v);
   }
-  return on == 1;
+  return v;
 }
 
 bool pipeline_on() {
@@ -283,10 +286,14 @@ bool compile_at_second() {
   return on;
 }
 
-// For a trace seen before with no program yet (and none that failed).
+// For a trace seen before with no program yet (and none that failed):
+// compiled at once (a tight loop, step capture, TORCH_PJRT_FUSED_COMPILE=second).
+bool compile_at_once(const Trace& t, int64_t gap) {
+  return capturing() || (gap <= kHotGap && t.ops.size() <= hot_max_ops()) || compile_at_second();
+}
+// ... or once its op-by-op runs have cost about its compile.
 bool compile_due(const Trace& t, const Entry& e, int64_t gap) {
-  return capturing() || (gap <= kHotGap && t.ops.size() <= hot_max_ops()) || compile_at_second() ||
-         e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
+  return compile_at_once(t, gap) || e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
 }
 
 void fused_compile_failed(const std::exception& err) {
@@ -310,19 +317,27 @@ void compiled_fused(const Trace& t, Entry& e) {
   }
 }
 
-// The fused program of a trace that repeats. It compiles on a compile thread
-// (compile_pool.cpp) where eager programs do: a trace of a training step can
-// take XLA seconds, and its sightings meanwhile run op by op as before it
-// repeated (the same values: op by op is strict eager's semantics), so a cold
-// start does not stop at the second step. On the caller under step capture
-// (the capture needs the program), with TORCH_PJRT_COMPILE_THREADS=0 and
-// with TORCH_PJRT_FUSED_BACKGROUND_COMPILE=0 (when a trace switches to its
-// program then depends on nothing but its sightings: the tests' setting).
-void compile_fused(const Trace& t, Entry& e, std::string text, const std::vector<std::pair<int32_t, int32_t>>& aliases) {
+// The fused program of a trace that repeats. Where it compiles:
+// - On a compile thread (compile_pool.cpp), as eager programs do, for a trace
+//   that earned its compile by rent or buy (compile_due): it has run op by
+//   op for a while and goes on doing so until its program is there (the
+//   same values: op by op is strict eager's semantics), instead of a stall
+//   of XLA's seconds in the middle of, say, a generate call.
+// - On the caller for a trace in a tight loop (compile_at_once): its next
+//   sighting runs the program, so a loop's speed is its fused speed from its
+//   second step on, not after a compile on a core the loop shares (on this
+//   2-core machine a GPT step's programs took 2.8 s on the caller and about
+//   7 s on a thread, the loop running op by op meanwhile). `all` compiles
+//   those on a thread too (the first steps come sooner); `off` none.
+// - On the caller under step capture (the capture needs the program) and
+//   with TORCH_PJRT_COMPILE_THREADS=0.
+void compile_fused(const Trace& t, Entry& e, std::string text, const std::vector<std::pair<int32_t, int32_t>>& aliases,
+                   bool at_once) {
   std::string what = "fused eager trace of " + std::to_string(t.ops.size()) + " ops";
   e.aliases = aliases;
-  if (!capturing() && background_compile_on() && runtime::Runtime::compile_threads() > 0 &&
-      runtime::async_launch_enabled()) {
+  int background = background_compile();
+  bool on_thread = background == kBackgroundAll || (background == kBackgroundAuto && !at_once);
+  if (on_thread && !capturing() && runtime::Runtime::compile_threads() > 0 && runtime::async_launch_enabled()) {
     note_compiled_program(text, what);
     e.compiling = rt().compile_async(std::move(text), {}, std::move(what));
     compiled_fused(t, e);  // (found at once in the persistent cache, or compiled by another trace)
@@ -941,7 +956,7 @@ void fused_flush(const char* reason) {
   bool cut = !e->failed && e->seen >= 1 && learn_cut(t, *e, wanted);
   if (due && !cut) {
     // This trace repeats, so its fused program pays off.
-    compile_fused(t, *e, fused_text(t, outputs, aliases), aliases);
+    compile_fused(t, *e, fused_text(t, outputs, aliases), aliases, compile_at_once(t, gap));
   } else if (e->exe) {
     g_stats.cache_hits++;
   }
@@ -982,9 +997,12 @@ void fused_flush(const char* reason) {
   assign(results);
 }
 
-bool set_fused_background_compile(bool on) {
-  bool was = background_compile_on();
-  g_background_compile.store(on ? 1 : 0);
+std::string set_fused_background_compile(const std::string& setting) {
+  static const char* names[] = {"off", "auto", "all"};
+  std::string was = names[background_compile()];
+  TORCH_CHECK(setting == "off" || setting == "auto" || setting == "all",
+              "torch_pjrt: the fused background-compile setting is 'auto', 'all' or 'off', got '", setting, "'");
+  g_background_compile.store(setting == "all" ? kBackgroundAll : setting == "auto" ? kBackgroundAuto : kBackgroundOff);
   return was;
 }
 
