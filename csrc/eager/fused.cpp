@@ -104,14 +104,11 @@ std::atomic<int> g_pipeline{-1};  // -1: not read from the environment yet
 // TORCH_PJRT_FUSED_BACKGROUND_COMPILE=auto (those of traces that do not
 // repeat in a tight loop), all, or off.
 enum Background : int { kBackgroundOff = 0, kBackgroundAuto = 1, kBackgroundAll = 2 };
-std::atomic<int> g_background_compile{-1};  // -1: not read from the environment yet
 int background_compile() {
-  int v = g_background_compile.load(std::memory_order_relaxed);
-  if (v < 0) {
+  static const int v = [] {
     std::string s = env_choice("TORCH_PJRT_FUSED_BACKGROUND_COMPILE", "auto", {"auto", "all", "off"});
-    v = s == "all" ? kBackgroundAll : s == "auto" ? kBackgroundAuto : kBackgroundOff;
-    g_background_compile.store(v);
-  }
+    return s == "all" ? kBackgroundAll : s == "auto" ? kBackgroundAuto : kBackgroundOff;
+  }();
   return v;
 }
 
@@ -296,7 +293,14 @@ bool compile_due(const Trace& t, const Entry& e, int64_t gap) {
   return compile_at_once(t, gap) || e.op_by_op_seconds >= expected_compile_seconds(t.ops.size());
 }
 
-void fused_compile_failed(const std::exception& err) {
+// A trace's fused program compiled (on the caller or a thread) or not.
+void count_compiled(const Trace& t, double seconds) {
+  g_stats.programs_compiled++;
+  g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
+  g_stats.compile_seconds += seconds;
+}
+void fused_compile_failed(Entry& e, const std::exception& err) {
+  e.failed = true;
   g_stats.compile_failures++;
   if (std::getenv("TORCH_PJRT_DUMP")) std::cerr << "[torch_pjrt] fused program failed to compile: " << err.what() << "\n";
 }
@@ -308,12 +312,9 @@ void compiled_fused(const Trace& t, Entry& e) {
   e.compiling.reset();
   try {
     e.exe = compiling->compiled();
-    g_stats.programs_compiled++;
-    g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
-    g_stats.compile_seconds += e.exe->thread_compile_seconds;
+    count_compiled(t, e.exe->thread_compile_seconds);
   } catch (const std::exception& err) {
-    e.failed = true;
-    fused_compile_failed(err);
+    fused_compile_failed(e, err);
   }
 }
 
@@ -344,15 +345,14 @@ void compile_fused(const Trace& t, Entry& e, std::string text, const std::vector
     return;
   }
   auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   try {
     e.exe = compile_program(text, what);
-    g_stats.programs_compiled++;
-    g_stats.compiled_ops += static_cast<int64_t>(t.ops.size());
+    count_compiled(t, seconds());
   } catch (const std::exception& err) {
-    e.failed = true;
-    fused_compile_failed(err);
+    fused_compile_failed(e, err);
+    g_stats.compile_seconds += seconds();
   }
-  g_stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int64_t max_entries() {
@@ -995,15 +995,6 @@ void fused_flush(const char* reason) {
   std::vector<runtime::BufferPtr> results;
   for (int32_t v : outputs) results.push_back(values[v]);
   assign(results);
-}
-
-std::string set_fused_background_compile(const std::string& setting) {
-  static const char* names[] = {"off", "auto", "all"};
-  std::string was = names[background_compile()];
-  TORCH_CHECK(setting == "off" || setting == "auto" || setting == "all",
-              "torch_pjrt: the fused background-compile setting is 'auto', 'all' or 'off', got '", setting, "'");
-  g_background_compile.store(setting == "all" ? kBackgroundAll : setting == "auto" ? kBackgroundAuto : kBackgroundOff);
-  return was;
 }
 
 bool set_fused_pipeline(bool on) {

@@ -62,9 +62,6 @@ inline void settle(device::StorageBuffer& sb) {
 // Pipelined flushes (TORCH_PJRT_FUSED_PIPELINE; see fused.cpp) on or off
 // for what is recorded from now on; returns the previous setting.
 bool set_fused_pipeline(bool on);
-// Which fused programs compile on compile threads from now on ("auto",
-// "all", "off": TORCH_PJRT_FUSED_BACKGROUND_COMPILE); returns the previous setting.
-std::string set_fused_background_compile(const std::string& setting);
 // A storage dies while the trace owes its value: the value never leaves.
 void fused_forget(device::StorageBuffer* sb);
 

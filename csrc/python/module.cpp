@@ -360,7 +360,6 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
   m.def("clear_executable_cache", &eager::clear_executable_cache);
   m.def("fused_enter", &eager::fused_enter);
   m.def("set_fused_pipeline", &eager::set_fused_pipeline);
-  m.def("set_fused_background_compile", &eager::set_fused_background_compile);
   m.def("fused_leave", [] {
     py::gil_scoped_release release;
     eager::fused_leave();
