@@ -65,7 +65,9 @@ def test_function_is_one_program_per_signature():
             assert_same(cf(*tpu((x, y))), f(x, y))
     d = delta(before)
     assert d["compiled_graphs"] == 0 and d["compiled_graph_runs"] == 3
-    assert md["xla_compiles"] == 0
+    # (Under TORCH_PJRT_EAGER=fused the test's own eager ops around the calls
+    # repeat and compile one fused program: not the graph's.)
+    assert md["xla_compiles"] <= md["fused_programs_compiled"]  # (0 in strict eager)
 
 
 def test_compiled_graph_is_one_execution():
@@ -73,8 +75,11 @@ def test_compiled_graph_is_one_execution():
     cf = torch.compile(lambda x: (x.sin() * 2 + x.cos()).exp().sum(0).softmax(0), backend="tpu")
     x = tpu(make((16, 8)))
     cf(x)  # compile
+    # (Fused eager records a call into its trace, run at a flush; strict: no-ops.)
+    torch_pjrt.fused_flush()
     with metrics_delta() as md:
         y = cf(x)
+        torch_pjrt.fused_flush()
     assert md["executions"] == 1 and md["host_waits"] == 0
     assert_same(y, (make((16, 8)).sin() * 2 + make((16, 8)).cos()).exp().sum(0).softmax(0))
 

@@ -877,6 +877,15 @@ void fused_flush_for(int32_t value) {
   fused_flush(nullptr);
 }
 
+namespace {
+// Flush reasons whose values the caller does not wait for (see fused_flush).
+bool launched_later(const char* why) {
+  for (const char* r : {"pipeline", "capture", "region_end", "size_bound"})
+    if (std::strcmp(why, r) == 0) return true;
+  return false;
+}
+}  // namespace
+
 void fused_flush(const char* reason) {
   int32_t wanted = std::exchange(t_wanted, -1);
   device::DeviceLock lock;
@@ -964,10 +973,13 @@ void fused_flush(const char* reason) {
   if (capturing()) capture_flushed(t, live, e, why);
   if (e->exe) {
     try {
-      // A pipelined part is not read at once: the recording (or the host
-      // read it preceded) goes on while the launch thread makes its execute
-      // call. A read flush waits for its program in any case.
-      bool later = std::strcmp(why, "pipeline") == 0;
+      // A flush that nothing waits for (a pipelined part, the trace before a
+      // captured step's replay, a region's end, a size bound) is launched
+      // by the launch thread while the caller goes on; a caller execution
+      // would first wait for the launches queued before it. A flush for a
+      // read, a synchronize or a fallback waits for its program in any
+      // case: its execute call is made here.
+      bool later = launched_later(why);
       assign(run_fused(t, *e, outputs.size(), /*on_launch_thread=*/later));
       return;
     } catch (...) {
