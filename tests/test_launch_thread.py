@@ -4,6 +4,7 @@ Values must equal those of the same work launched on the calling thread (and
 CPU's), every reader must wait for a pending output, memory must count it from
 the call, and a launch that fails must raise at the read of its outputs or at
 the next synchronize: never hang, crash or hand back garbage."""
+import contextlib
 import gc
 import os
 import subprocess
@@ -126,12 +127,15 @@ def test_a_process_that_exits_with_launches_queued_exits_cleanly():
     assert "Error" not in r.stderr and "terminate" not in r.stderr, r.stderr
 
 
-def test_back_to_back_replays_donate_what_queued_work_still_reads(launch_thread_on):
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+def test_back_to_back_replays_donate_what_queued_work_still_reads(launch_thread_on, fused):
     # Replays queued one after another, with no read in between: each donates
     # the state the previous replay made (still held by that queued or running
     # execution) and waits for no launch, while strict ops queued before each
     # replay read the values from before it (PJRT orders a donation after the
-    # buffer's earlier uses).
+    # buffer's earlier uses). In a fused region those ops are a trace, flushed
+    # before each replay: launched by the launch thread too, not an execute
+    # call on the caller that waits for the replay queued before it.
     n = 128
     gen = torch.Generator().manual_seed(5)
     p_cpu, g_cpu = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen) * 0.1
@@ -152,12 +156,15 @@ def test_back_to_back_replays_donate_what_queued_work_still_reads(launch_thread_
     torch.tpu.synchronize()
     m0 = torch_pjrt.metrics()
     reads, sums, reads_cpu, sums_cpu = [], [], [], []
-    for _ in range(8):
-        reads.append(torch.tanh(p @ p))  # strict eager, queued on the launch thread
-        sums.append(step(g))
-        reads_cpu.append(torch.tanh(p_cpu @ p_cpu))
-        sums_cpu.append(step_cpu())
+    with torch_pjrt.fused() if fused else contextlib.nullcontext():
+        for _ in range(8):
+            reads.append(torch.tanh(p @ p))  # queued on the launch thread (strict) or recorded (fused)
+            sums.append(step(g))
+            reads_cpu.append(torch.tanh(p_cpu @ p_cpu))
+            sums_cpu.append(step_cpu())
     m1 = torch_pjrt.metrics()
+    if fused:
+        assert m1["fused_flushes_by_reason"].get("capture", 0) - m0["fused_flushes_by_reason"].get("capture", 0) >= 8
     torch.tpu.synchronize()
     assert m1["capture_replays"] - m0["capture_replays"] == 8
     assert m1["fused_donated_buffers"] - m0["fused_donated_buffers"] == 8, "p donated by every replay"
