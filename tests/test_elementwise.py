@@ -324,6 +324,18 @@ def test_logit_and_grad(eps, dtype):
     check(lambda x: torch.logit(x, eps), make((4, 5), dtype, low=low, high=high))
 
 
+@pytest.mark.parametrize("eps", [None, 1e-6, 1e-3, 0.1, 0.25])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_logit_in_half_types_rounds_as_cpu(eps, dtype):
+    # CPU takes eps and 1 - eps in the type (1 - 1e-6 is 1 in float16, so
+    # logit(2.0, 1e-6) is inf) and rounds 1 - x and the quotient to it: equal
+    # bit for bit, edges (0, 1, outside [0, 1], NaN, infinities) included.
+    g = torch.Generator().manual_seed(3)
+    edges = [2.0, 1.0, 0.9999, 0.999, 0.75, 0.5, 0.3, 0.001, 1e-7, 0.0, -1.0, float("nan"), float("inf"), -float("inf")]
+    x = torch.cat([torch.tensor(edges), torch.rand(100, generator=g)]).to(dtype)
+    assert_same(torch.logit(tpu(x), eps), torch.logit(x, eps), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("invert", [False, True])
 @pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.float32, torch.int64),
                                     (torch.int32, torch.float64), (torch.bfloat16, torch.float32)])

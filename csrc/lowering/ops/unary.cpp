@@ -182,17 +182,23 @@ std::vector<Value> nan_to_num(LoweringContext& ctx) {
 }
 
 // logit(x, eps) = log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given.
+// Half types round as CPU's kernel does in the type: eps and 1 - eps (so
+// 1 - 1e-6 is 1 in float16, and logit(2.0, 1e-6) is inf), then 1 - x and
+// the quotient (c10::Half's and BFloat16's operators round each result).
 std::vector<Value> logit(LoweringContext& ctx) {
   bool clamp = ctx.has("eps");
   double eps = ctx.to_double("eps", 0.0);
+  DType dt = ctx.out().dtype;
   return float_unary(ctx, [&](Builder& b, const Value& x0) {
-    Value x = x0;
+    auto in_type = [&](const Value& v) { return v.dtype() == dt ? v : b.convert(b.convert(v, dt), v.dtype()); };
+    Value x = x0, one = splat_like(b, 1.0, x0);
     // (NaN kept by a select: XLA turns min(max(x, lo), hi) into a clamp,
     // which XLA:CPU's LLVM IR emitters give `lo` for NaN)
-    if (clamp)
-      x = b.select(b.compare(Cmp::NE, x0, x0), x0,
-                   b.binary("minimum", b.binary("maximum", x, splat_like(b, eps, x)), splat_like(b, 1.0 - eps, x)));
-    return b.unary("log", b.binary("divide", x, b.binary("subtract", splat_like(b, 1.0, x), x)));
+    if (clamp) {
+      Value lo = in_type(splat_like(b, eps, x0)), hi = in_type(b.binary("subtract", one, lo));
+      x = b.select(b.compare(Cmp::NE, x0, x0), x0, b.binary("minimum", b.binary("maximum", x, lo), hi));
+    }
+    return b.unary("log", in_type(b.binary("divide", x, in_type(b.binary("subtract", one, x)))));
   });
 }
 
