@@ -336,6 +336,21 @@ def test_logit_in_half_types_rounds_as_cpu(eps, dtype):
     assert_same(torch.logit(tpu(x), eps), torch.logit(x, eps), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("eps", [None, 1e-6, 1e-3, 0.1, 0.25])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_logit_backward_in_half_types_rounds_as_cpu(eps, dtype):
+    # As the forward: bounds in the type (x = 1 is inside [eps, 1 - eps] in
+    # float16 for eps = 1e-6, its gradient inf), each result rounded to it.
+    # (A NaN input is left out: CPU's vectorized loop gives 0 there, its
+    # scalar loop and CUDA NaN, as tpu does.)
+    g = torch.Generator().manual_seed(4)
+    edges = [2.0, 1.0, 0.9999, 0.999, 0.75, 0.5, 0.3, 0.001, 1e-7, 0.0, -1.0, float("inf"), -float("inf")]
+    x = torch.cat([torch.tensor(edges), torch.rand(100, generator=g)]).to(dtype)
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    expected = torch.ops.aten.logit_backward(dy, x, eps)
+    assert_same(torch.ops.aten.logit_backward(tpu(dy), tpu(x), eps), expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("invert", [False, True])
 @pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.float32, torch.int64),
                                     (torch.int32, torch.float64), (torch.bfloat16, torch.float32)])

@@ -203,17 +203,22 @@ std::vector<Value> logit(LoweringContext& ctx) {
 }
 
 // logit_backward: grad / (x (1 - x)); with eps, 0 outside [eps, 1 - eps];
-// without, NaN outside [0, 1] (as CPU).
+// without, NaN outside [0, 1] (as CPU). Half types round as logit's forward:
+// the bounds and each result in the type (in float16, 1 - 1e-6 is 1, so x = 1
+// is inside and its gradient is inf, as on CPU).
 std::vector<Value> logit_backward(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   DType dt = math_dtype(out.dtype);
+  auto in_type = [&](const Value& v) { return dt == out.dtype ? v : b.convert(b.convert(v, out.dtype), dt); };
   Value g = b.convert(ctx.tensor("grad_output"), dt), x = b.convert(ctx.tensor("self"), dt);
   bool clamp = ctx.has("eps");
   double eps = ctx.to_double("eps", 0.0);
-  double lo = clamp ? eps : 0.0, hi = clamp ? 1.0 - eps : 1.0;
-  Value r = b.binary("divide", g, b.binary("multiply", x, b.binary("subtract", splat_like(b, 1.0, x), x)));
-  Value outside = b.binary("or", b.compare(Cmp::LT, x, splat_like(b, lo, x)), b.compare(Cmp::GT, x, splat_like(b, hi, x)));
+  Value one = splat_like(b, 1.0, x);
+  Value lo = clamp ? in_type(splat_like(b, eps, x)) : splat_like(b, 0.0, x);
+  Value hi = clamp ? in_type(b.binary("subtract", one, lo)) : one;
+  Value r = in_type(b.binary("divide", g, in_type(b.binary("multiply", x, in_type(b.binary("subtract", one, x))))));
+  Value outside = b.binary("or", b.compare(Cmp::LT, x, lo), b.compare(Cmp::GT, x, hi));
   r = b.select(outside, splat_like(b, clamp ? 0.0 : NAN, x), r);
   return {b.convert(r, out.dtype)};
 }
