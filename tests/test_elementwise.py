@@ -336,6 +336,16 @@ def test_logit_in_half_types_rounds_as_cpu(eps, dtype):
     assert_same(torch.logit(tpu(x), eps), torch.logit(x, eps), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("eps", [0.6, 0.9, 1.0, 1.5, -0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_logit_with_eps_outside_the_usual_range_as_cpu(eps, dtype):
+    # CPU clamps as x < eps ? eps : (x > 1 - eps ? 1 - eps : x): with eps above
+    # 0.5 the bounds cross, and x below eps becomes eps (min/max gave 1 - eps
+    # everywhere). A negative eps leaves [0, 1] alone.
+    x = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9, 0.0, 1.0, 2.0, -1.0, float("nan")], dtype=dtype)
+    assert_same(torch.logit(tpu(x), eps), torch.logit(x, eps))
+
+
 @pytest.mark.parametrize("eps", [None, 1e-6, 1e-3, 0.1, 0.25])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_logit_backward_in_half_types_rounds_as_cpu(eps, dtype):

@@ -192,11 +192,12 @@ std::vector<Value> logit(LoweringContext& ctx) {
   return float_unary(ctx, [&](Builder& b, const Value& x0) {
     auto in_type = [&](const Value& v) { return v.dtype() == dt ? v : b.convert(b.convert(v, dt), v.dtype()); };
     Value x = x0, one = splat_like(b, 1.0, x0);
-    // (NaN kept by a select: XLA turns min(max(x, lo), hi) into a clamp,
-    // which XLA:CPU's LLVM IR emitters give `lo` for NaN)
+    // CPU's x < lo ? lo : (x > hi ? hi : x): NaN stays NaN, and with eps
+    // above 0.5 (lo > hi) x below lo becomes lo. (Not min/max: XLA turns
+    // those into a clamp, which XLA:CPU's LLVM IR emitters give `lo` for NaN.)
     if (clamp) {
       Value lo = in_type(splat_like(b, eps, x0)), hi = in_type(b.binary("subtract", one, lo));
-      x = b.select(b.compare(Cmp::NE, x0, x0), x0, b.binary("minimum", b.binary("maximum", x, lo), hi));
+      x = b.select(b.compare(Cmp::LT, x0, lo), lo, b.select(b.compare(Cmp::GT, x0, hi), hi, x0));
     }
     return b.unary("log", in_type(b.binary("divide", x, in_type(b.binary("subtract", one, x)))));
   });
