@@ -27,6 +27,10 @@ DType math_dtype(DType out) {
   return out == DType::F16 || out == DType::BF16 || is_float8(out) ? DType::F32 : out;
 }
 
+Value rounded_to(Builder& b, const Value& v, DType t) {
+  return v.dtype() == t ? v : b.convert(b.convert(v, t), v.dtype());
+}
+
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn) {
   DType out = ctx.out().dtype;

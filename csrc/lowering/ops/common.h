@@ -19,6 +19,10 @@ Value splat_like(Builder& b, double v, const Value& like);
 
 // Half types are computed in float32 and rounded once, as PyTorch's CPU kernels do.
 DType math_dtype(DType out);
+// `v` rounded to `t`'s precision and kept in its own type (a float32 value
+// rounded as a c10::Half or BFloat16 operation's result is); `v` itself when
+// it already has type `t`.
+Value rounded_to(Builder& b, const Value& v, DType t);
 // Raises CPU's "mat1 and mat2 shapes cannot be multiplied" unless a and b are
 // matrices whose inner dims (a's dim 1, b's dim `b_inner`) agree.
 void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shape& b, int64_t b_inner);

@@ -59,7 +59,7 @@ std::vector<Value> linspace(LoweringContext& ctx, const TensorType& out) {
   DType dt = is_float(out.dtype) ? out.dtype : DType::F64;
   DType wt = half ? DType::F32 : DType::F64;  // the type operations are carried out in
   // Rounds a wt value to the output precision, as each operation on scalar_t does.
-  auto round = [&](const Value& v) { return dt != wt ? b.convert(b.convert(v, dt), wt) : v; };
+  auto round = [&](const Value& v) { return rounded_to(b, v, dt); };
   // start/end are first converted to the output type, as Scalar::to<scalar_t>()
   // does: integer scalars wrap into integer outputs, out-of-range values raise.
   auto endpoint = [&](const char* name) {

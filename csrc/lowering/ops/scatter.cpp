@@ -311,7 +311,7 @@ std::vector<Value> histc(LoweringContext& ctx) {
   DType dt = self.dtype();
   bool fl = is_float(dt);
   DType wt = fl ? math_dtype(dt) : DType::I64;
-  auto round = [&](const Value& v) { return wt != dt && fl ? b.convert(b.convert(v, dt), wt) : v; };
+  auto round = [&](const Value& v) { return fl ? rounded_to(b, v, dt) : v; };
   Value x = b.convert(b.reshape(self, {n}), wt);
   double min = ctx.to_double("min", 0), max = ctx.to_double("max", 0);
   // The bounds as the kernels hold them: the input's type (CPU), int64 (CUDA).

@@ -190,7 +190,7 @@ std::vector<Value> logit(LoweringContext& ctx) {
   double eps = ctx.to_double("eps", 0.0);
   DType dt = ctx.out().dtype;
   return float_unary(ctx, [&](Builder& b, const Value& x0) {
-    auto in_type = [&](const Value& v) { return v.dtype() == dt ? v : b.convert(b.convert(v, dt), v.dtype()); };
+    auto in_type = [&](const Value& v) { return rounded_to(b, v, dt); };
     Value x = x0, one = splat_like(b, 1.0, x0);
     // CPU's x < lo ? lo : (x > hi ? hi : x): NaN stays NaN, and with eps
     // above 0.5 (lo > hi) x below lo becomes lo. (Not min/max: XLA turns
@@ -211,7 +211,7 @@ std::vector<Value> logit_backward(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   DType dt = math_dtype(out.dtype);
-  auto in_type = [&](const Value& v) { return dt == out.dtype ? v : b.convert(b.convert(v, out.dtype), dt); };
+  auto in_type = [&](const Value& v) { return rounded_to(b, v, out.dtype); };
   Value g = b.convert(ctx.tensor("grad_output"), dt), x = b.convert(ctx.tensor("self"), dt);
   bool clamp = ctx.has("eps");
   double eps = ctx.to_double("eps", 0.0);

@@ -261,8 +261,7 @@ Value scatter_add(Builder& b, const Value& upd, const std::vector<int64_t>& idx,
 // store weights in the input dtype (`round_to`); the backward ones keep opmath.
 std::vector<Value> weights(Builder& b, const Taps& t, const TensorType& like, int64_t d, DType round_to) {
   DType wt = like.dtype;
-  bool round = round_to != wt;
-  auto rounded = [&](Value v) { return round ? b.convert(b.convert(v, round_to), wt) : v; };
+  auto rounded = [&](const Value& v) { return rounded_to(b, v, round_to); };
   std::vector<Value> ws;
   for (const auto& w : t.w) ws.push_back(rounded(const_vector(b, w, wt)));
   if (t.linear) ws[0] = rounded(b.binary("subtract", splat_like(b, 1.0, ws[1]), ws[1]));
