@@ -242,6 +242,30 @@ def test_pipeline_with_device_map_auto(saved_model, cpu_text):
     assert _generate(pipe) == cpu_text
 
 
+@pytest.mark.parametrize("where", [DEVICE, "tpu:1", 0])
+def test_load_checkpoint_and_dispatch_onto_a_tpu_device(tmp_path, where):
+    """device_map={"": "tpu"} as one writes {"": "cuda"}: accelerate hands the
+    device to stock safetensors, which torch_pjrt's integration lets load onto tpu."""
+    from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+    from safetensors.torch import save_file
+    want = torch.device(DEVICE, where) if isinstance(where, int) else torch.device(where)
+    if want.index is not None and want.index >= torch.tpu.device_count():
+        pytest.skip("needs a second tpu device")
+
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+    torch.manual_seed(0)
+    ref = build()
+    save_file(ref.state_dict(), tmp_path / "m.safetensors", metadata={"format": "pt"})
+    with init_empty_weights():
+        empty = build()
+    model = load_checkpoint_and_dispatch(empty, str(tmp_path / "m.safetensors"), device_map={"": where})
+    assert {p.device for p in model.parameters()} == {want if want.index is not None else torch.device(DEVICE, 0)}
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x.to(want)).cpu(), ref(x), rtol=1e-6, atol=1e-6)
+
+
 def test_import_torch_pjrt_does_not_import_hf():
     import subprocess
     import sys

@@ -1,4 +1,8 @@
 """safetensors with tpu tensors (torch_pjrt/integrations/safetensors.py)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -44,12 +48,46 @@ def assert_bits_equal(actual, expected):
     assert torch.equal(a, e)
 
 
-def test_stock_safetensors_rejects_tpu_string(tmp_path):
-    """What the helpers are for: safetensors 0.8 validates device strings itself."""
+@pytest.mark.parametrize("device", [DEVICE, "tpu:1", torch.device(DEVICE, 0)])
+def test_stock_safetensors_loads_onto_tpu(tmp_path, device):
+    """Libraries call stock safetensors with the device they are given
+    (accelerate's load_state, load_checkpoint_and_dispatch): its safe_open,
+    load_file and load_model take tpu devices once torch_pjrt is loaded."""
+    want = torch.device(device)
+    if want.index is not None and want.index >= torch.tpu.device_count():
+        pytest.skip("needs a second tpu device")
+    ref = sample_dict()
+    path = tmp_path / "x.safetensors"
+    safetensors.torch.save_file(ref, path)
+    got = safetensors.torch.load_file(path, device=device)       # safe_open(...).get_tensors()
+    with safetensors.safe_open(path, framework="pt", device=device) as f:
+        one = f.get_tensor("t_float16")
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k].device.type == DEVICE and (want.index is None or got[k].device == want), k
+        assert_bits_equal(got[k], ref[k])
+    assert one.device.type == DEVICE
+    assert_bits_equal(one, ref["t_float16"])
+    src = torch.nn.Linear(4, 3)
+    safetensors.torch.save_model(src, tmp_path / "m.safetensors")
+    dst = torch.nn.Linear(4, 3).to(device)
+    safetensors.torch.load_model(dst, tmp_path / "m.safetensors", device=device)
+    assert_bits_equal(dst.weight.detach(), src.weight.detach())
+    # Other devices are safetensors' own business, errors included.
+    assert safetensors.torch.load_file(path)["t_float32"].device.type == "cpu"
+    with pytest.raises(Exception, match="invalid"):
+        safetensors.torch.load_file(path, device="bogus")
+
+
+def test_stock_safetensors_rejects_tpu_string_without_the_integration(tmp_path):
+    """What patch_stock is for: safetensors 0.8 validates device strings itself."""
     path = tmp_path / "x.safetensors"
     safetensors.torch.save_file({"a": torch.ones(2)}, path)
-    with pytest.raises(Exception, match="invalid"):
-        safetensors.torch.load_file(path, device=DEVICE)
+    code = ("import torch, torch_pjrt, safetensors.torch as s\n"
+            f"try:\n    s.load_file({str(path)!r}, device='tpu')\nexcept Exception as e:\n    print('raised', e)")
+    env = dict(os.environ, TORCH_PJRT_HF_INTEGRATION="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "raised" in out.stdout and "invalid" in out.stdout, out.stdout + out.stderr
 
 
 def test_stock_safetensors_integer_device_is_current_accelerator(tmp_path):
@@ -120,6 +158,19 @@ def test_safe_open_is_lazy_per_tensor(tmp_path):
         part = sl[1:2, :8]
         assert part.device.type == DEVICE and part.shape == (1, 8)
         assert_bits_equal(part, ref["big"][1:2, :8])
+
+
+def test_get_tensors_onto_tpu(tmp_path):
+    """get_tensors (safetensors 0.8, what its load_file calls) moves every tensor."""
+    ref = sample_dict()
+    path = tmp_path / "x.safetensors"
+    safetensors.torch.save_file(ref, path)
+    with st.safe_open(path, framework="pt", device=DEVICE) as f:
+        got = f.get_tensors()
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k].device.type == DEVICE, k
+        assert_bits_equal(got[k], ref[k])
 
 
 def test_load_model(tmp_path):

@@ -10,7 +10,8 @@ it. TORCH_PJRT_HF_INTEGRATION=0 turns the Hugging Face adjustments off.
   without device=, device_map="auto"). Why each is a narrow patch and which
   upstream change removes it: docs/upstream_notes.md.
 - `safetensors`: load_file / safe_open / save_file for tpu tensors
-  (safetensors 0.8 rejects device="tpu"). Imported on use, not by install().
+  (safetensors 0.8 rejects device="tpu"); when safetensors is imported, its
+  stock safe_open / load_file / load_model accept tpu devices too (patch_stock).
 """
 import os
 
@@ -24,5 +25,11 @@ def install():
         return
     _installed = True
     if os.environ.get("TORCH_PJRT_HF_INTEGRATION", "1").strip().lower() not in ("0", "false", "no", "off"):
-        from . import hf
+        from . import hf, _hooks
         hf.install()
+        _hooks.when_imported("safetensors", _patch_safetensors)
+
+
+def _patch_safetensors(module):
+    from . import safetensors
+    safetensors.patch_stock()

@@ -7,7 +7,7 @@ knob, the ACCELERATE_TORCH_DEVICE environment variable, is not used: accelerate
 reads it before its own `cpu=True`, so setting it by default would put
 Accelerator(cpu=True) and TrainingArguments(use_cpu=True) on tpu.
 
-Hence four narrow patches, each applied when its module is imported (nothing is
+Hence five narrow patches, each applied when its module is imported (nothing is
 imported here) and each acting only where the library's own choice is CPU and a
 tpu device is present (the library's choice stands in every other case):
 
@@ -25,10 +25,24 @@ tpu device is present (the library's choice stands in every other case):
    tpu (what the docstring promises for "the first available accelerator");
    a model dispatched with device_map onto tpu gets pipeline.device tpu:i
    rather than cpu.
+5. accelerate.state.PartialState._prepare_backend (accelerate/state.py:755):
+   under torchrun / `accelerate launch` (LOCAL_RANK set) accelerate finds no
+   named accelerator and, without cpu=True, runs each rank as a lone process
+   (num_processes 1, no DDP: every rank trains on its own, silently). With
+   a tpu device present the launch becomes the generic multi-device kind
+   (DistributedType.MULTI_GPU, whose code paths use `state.device`, not
+   torch.cuda) on torch_pjrt's c10d backend "tpu", each rank on
+   tpu:LOCAL_RANK; Accelerator.prepare wraps DDP and the Trainer follows.
+   `accelerate launch` itself is left alone: with no config file it counts
+   CUDA devices, and counting tpu devices would open the plugin in the
+   launcher process (libtpu admits one process per chip), so multi-device
+   runs say so: `accelerate launch --multi_gpu --num_processes N`, a config
+   file from `accelerate config`, or torchrun.
 
 Each would go away with the upstream change in docs/upstream_notes.md (ask
 torch.accelerator.current_accelerator() before falling back to CPU).
 """
+import os
 import functools
 import inspect
 import logging
@@ -77,6 +91,41 @@ def _patch_accelerate_state(module):
         return device
 
     cls.default_device = property(default_device, doc=original.__doc__)
+
+
+# 5. accelerate: PartialState._prepare_backend (distributed launches) ------------------------
+
+def _tpu_backend(backend):
+    """True for a backend string that handles tpu tensors ("tpu", "cpu:gloo,tpu:tpu")."""
+    return backend is None or backend == "tpu" or any(
+        part.split(":")[0].strip() == "tpu" for part in backend.split(",") if ":" in part)
+
+
+def _patch_accelerate_backend(module):
+    cls = module.PartialState
+    original = cls.__dict__["_prepare_backend"]
+    if getattr(original, _MARK, False):
+        return
+    distributed = module.DistributedType
+
+    @_mark
+    @functools.wraps(original)
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        chosen, kind = original(self, cpu, sagemaker_dp, backend)
+        local_rank = int(os.environ.get("LOCAL_RANK", -1))
+        if (kind != distributed.NO or cpu or local_rank == -1 or not _tpu_backend(backend)
+                or not _tpu_present()):
+            return chosen, kind
+        # (What set_device does for the named devices, done here: it would
+        # look up torch.cuda for MULTI_GPU. ACCELERATE_TORCH_DEVICE still wins.)
+        if getattr(self, "device", None) is None:
+            self.device = torch.device("tpu", local_rank % torch.tpu.device_count())
+        if self.device.type == "tpu":
+            torch.tpu.set_device(self.device)
+        logger.info("torch_pjrt: distributed launch on %s with c10d backend %r", self.device, backend or "tpu")
+        return backend or "tpu", distributed.MULTI_GPU
+
+    cls._prepare_backend = _prepare_backend
 
 
 # 2. accelerate: get_max_memory -------------------------------------------------------------
@@ -200,6 +249,7 @@ def _patch_pipeline(module):
 
 def install():
     _hooks.when_imported("accelerate.state", _patch_accelerate_state)
+    _hooks.when_imported("accelerate.state", _patch_accelerate_backend)
     _hooks.when_imported("accelerate.utils.modeling", _patch_get_max_memory)
     _hooks.when_imported("transformers.training_args", _patch_training_args)
     _hooks.when_imported("transformers.pipelines.base", _patch_pipeline)

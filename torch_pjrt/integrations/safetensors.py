@@ -22,7 +22,17 @@ tensor (or a slice of it) is read and moved when asked for.
 
 `save_file` / `save` are safetensors' own (they copy non-CPU tensors to the
 host); they are re-exported so one import serves both directions.
+
+Libraries call stock safetensors with the device they were given
+(accelerate's `load_state` on several devices, `load_checkpoint_and_dispatch`
+with `device_map={"": "tpu"}`), so `patch_stock()`, run by
+`torch_pjrt.integrations.install()` when safetensors is imported, routes a
+tpu device given to stock `safe_open` (and so `safetensors.torch.load_file`
+and `load_model`) through these helpers. Every other device goes to
+safetensors unchanged; only what would have raised "device tpu is invalid"
+changes.
 """
+import sys
 import os
 from typing import Dict, Optional, Union
 
@@ -34,6 +44,9 @@ __all__ = ["load_file", "load", "safe_open", "save_file", "save", "load_model"]
 
 save_file = _st.save_file
 save = _st.save
+_MARK = "_torch_pjrt_patched"
+# safetensors' own safe_open, whatever patch_stock() later puts in its place.
+_stock_safe_open = getattr(safetensors.safe_open, "__wrapped__", safetensors.safe_open)
 
 
 def _device(device):
@@ -87,7 +100,7 @@ class safe_open:
         if framework not in ("pt", "torch"):
             raise ValueError(f"torch_pjrt.integrations.safetensors.safe_open: framework must be 'pt', got {framework!r}")
         self._device = _device(device)
-        self._inner = safetensors.safe_open(filename, framework="pt", device="cpu", **kwargs)
+        self._inner = _stock_safe_open(filename, framework="pt", device="cpu", **kwargs)
 
     def __enter__(self):
         self._inner.__enter__()
@@ -99,6 +112,9 @@ class safe_open:
     def get_tensor(self, name: str) -> torch.Tensor:
         return _move(self._inner.get_tensor(name), self._device)
 
+    def get_tensors(self) -> Dict[str, torch.Tensor]:
+        return {k: self.get_tensor(k) for k in self._inner.offset_keys()}
+
     def get_slice(self, name: str) -> _Slice:
         return _Slice(self._inner.get_slice(name), self._device)
 
@@ -108,5 +124,43 @@ class safe_open:
     def metadata(self) -> Optional[Dict[str, str]]:
         return self._inner.metadata()
 
-    def __getattr__(self, name):            # offset_keys and whatever later versions add
+    def __getattr__(self, name):            # offset_keys and whatever later versions add (reads no tensor)
         return getattr(self._inner, name)
+
+
+def _is_tpu(device):
+    if not isinstance(device, (str, torch.device)):
+        return False                # an int: safetensors' own (the current accelerator)
+    try:
+        return torch.device(device).type == "tpu"
+    except (RuntimeError, ValueError):
+        return False                # safetensors' own error for a bad device string
+
+
+def _safe_open_any_device(filename, framework, device="cpu", *args, **kwargs):
+    if _is_tpu(device) and framework in ("pt", "torch") and not args:
+        return safe_open(filename, framework=framework, device=device, **kwargs)
+    return _stock_safe_open(filename, framework, device, *args, **kwargs)
+
+
+_safe_open_any_device.__wrapped__ = _stock_safe_open
+_safe_open_any_device.__doc__ = _stock_safe_open.__doc__
+setattr(_safe_open_any_device, _MARK, True)
+
+
+def patch_stock(module=None):
+    """Stock safetensors' safe_open (so load_file and load_model) accepts tpu
+    devices; also rebinds the name in modules that imported it already."""
+    if getattr(safetensors.safe_open, _MARK, False):
+        return
+    this = sys.modules[__name__]
+    for mod in list(sys.modules.values()):
+        # (The module's own dict: getattr would make lazy modules, such as
+        # transformers', import their submodules.)
+        names = getattr(mod, "__dict__", None)
+        if mod is this or not isinstance(names, dict) or names.get("safe_open") is not _stock_safe_open:
+            continue
+        try:
+            mod.safe_open = _safe_open_any_device
+        except (AttributeError, TypeError):
+            pass
