@@ -96,3 +96,17 @@ def test_trainer_under_torchrun_trains_ddp_on_tpu(tmp_path, cpu_trainer_referenc
         assert seen["wrapped"] == "DistributedDataParallel", seen
         assert seen["param_devices"] == [f"tpu:{r}"], seen
     _assert_matches(ranks[0]["losses"], weights, cpu_trainer_reference)
+
+
+def test_accelerator_fsdp2_under_torchrun_trains_sharded_on_tpu(tmp_path, cpu_reference):
+    """accelerate's FSDP2 (fully_shard) on tpu: parameters sharded as DTensors,
+    the full state dict gathered (all_gather_into_tensor, coalesced)."""
+    ranks, weights = torchrun("fsdp", tmp_path)
+    for r, seen in enumerate(ranks):
+        assert seen["device"] == f"tpu:{r}", seen
+        assert seen["distributed_type"] == "FSDP", seen
+        assert (seen["num_processes"], seen["process_index"]) == (WORLD, r), seen
+        assert seen["wrapped"].startswith("FSDP"), seen
+        assert seen["sharded"] == ["DTensor"], seen
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    _assert_matches(ranks[0]["losses"], weights, cpu_reference)

@@ -109,12 +109,33 @@ def test_to_empty_on_tpu_keeps_ties():
 
 def test_weak_reference_falls_back_but_keeps_ties():
     m = Tied()
-    ref = weakref.ref(m.emb.weight)  # e.g. torch.compile's guards: no swap possible
+    w = m.emb.weight
+    ref = weakref.ref(w)  # e.g. torch.compile's guards: no swap possible
     m.to("tpu")
     assert m.head.weight is m.emb.weight and m.emb.weight.device.type == "tpu"
-    assert ref() is None  # PyTorch's default made a new Parameter (one for both slots)
+    # PyTorch's default path: `param.data = converted`, as between CPU and
+    # CUDA, keeps the Parameter object (shallow_copy.cpp).
+    assert ref() is w and m.emb.weight is w
     m.cpu()
     assert m.head.weight is m.emb.weight and m.emb.weight.device.type == "cpu"
+    assert ref() is w
+
+
+def test_param_data_assignment_between_cpu_and_tpu():
+    """`p.data = p.to("tpu")` (FSDP2's fully_shard, much user code): the same
+    Parameter object, now on tpu, as with CUDA; and back."""
+    p = nn.Parameter(torch.randn(3, 4))
+    values = p.detach().clone()
+    p.data = p.to("tpu")
+    assert isinstance(p, nn.Parameter) and p.device.type == "tpu" and p.requires_grad
+    assert torch.equal(p.detach().cpu(), values)
+    (p * 2).sum().backward()
+    assert p.grad.device.type == "tpu" and torch.equal(p.grad.cpu(), torch.full((3, 4), 2.0))
+    p.data = torch.zeros(2, dtype=torch.float64)
+    assert p.device.type == "cpu" and p.dtype == torch.float64 and p.shape == (2,)
+    t = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        t.data = torch.ones(2, device="meta")      # as CPU and CUDA refuse meta
 
 
 def test_cpu_only_conversions_are_pytorch_default():

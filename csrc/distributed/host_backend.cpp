@@ -187,6 +187,14 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_allgather_base(
   return s.finish(host_->_allgather_base(ho, hi, opts), OpType::_ALLGATHER_BASE);
 }
 
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  Staging s("all_gather_into_tensor (coalesced)");
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->allgather_into_tensor_coalesced(ho, hi, opts), OpType::COALESCED);
+}
+
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
@@ -220,6 +228,14 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_reduce_scatter_base(
   auto hi = s.in(input);
   auto ho = s.out(output);
   return s.finish(host_->_reduce_scatter_base(ho, hi, opts), OpType::_REDUCE_SCATTER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  Staging s("reduce_scatter_tensor (coalesced)");
+  auto hi = s.in(inputs);
+  auto ho = s.out(outputs);
+  return s.finish(host_->reduce_scatter_tensor_coalesced(ho, hi, opts), OpType::REDUCE_SCATTER_TENSOR_COALESCED);
 }
 
 c10::intrusive_ptr<c10d::Work> HostCopyBackend::alltoall_base(
