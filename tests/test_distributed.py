@@ -74,6 +74,10 @@ def expected_collectives():
             "all_to_all_single": torch.cat([b[3 * r:3 * r + 3] for b in base]),
             "all_to_all": [b[3 * r:3 * r + 3] for b in base],
             "all_reduce_view": big, "future": total, "cpu_tensor": torch.full((3,), 3.0),
+            "all_gather_into_tensor_shapes": torch.cat(base),
+            "reduce_scatter_tensor_shapes": total[3 * r:3 * r + 3],
+            "all_gather_coalesced": [torch.cat([b[:2] for b in base]), torch.cat([b[2:] for b in base])],
+            "reduce_scatter_coalesced": [total[r:r + 1], total[WORLD + 2 * r:WORLD + 2 * r + 2]],
         }
         if r == 1:
             e["recv"] = base[0] * 2

@@ -95,6 +95,8 @@ def test_trainer_under_torchrun_trains_ddp_on_tpu(tmp_path, cpu_trainer_referenc
         assert (seen["world_size"], seen["process_index"]) == (WORLD, r), seen
         assert seen["wrapped"] == "DistributedDataParallel", seen
         assert seen["param_devices"] == [f"tpu:{r}"], seen
+        assert seen["predicted"] == [7, 12, worker.VOCAB], seen       # every example once, in order
+    assert ranks[0]["eval_loss"] == ranks[1]["eval_loss"]
     _assert_matches(ranks[0]["losses"], weights, cpu_trainer_reference)
 
 

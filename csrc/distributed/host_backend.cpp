@@ -135,6 +135,22 @@ class Staging {
   std::shared_ptr<CopyBack> back_ = std::make_shared<CopyBack>();
 };
 
+// all_gather_into_tensor and reduce_scatter_tensor take tensors whose element
+// counts agree (the gathered one `size` times the other) in any shapes, as
+// NCCL and the device path do; accelerate gathers a (1, k) tensor into a
+// flat one. gloo compares each chunk's shape with the other tensor's, so
+// contiguous pairs go to it flat (views: what gloo writes lands in them).
+void flatten_pair(at::Tensor& gathered, at::Tensor& part, int64_t size) {
+  if (gathered.defined() && part.defined() && gathered.numel() == part.numel() * size &&
+      gathered.is_contiguous() && part.is_contiguous()) {
+    gathered = gathered.view({-1});
+    part = part.view({-1});
+  }
+}
+void flatten_pairs(std::vector<at::Tensor>& gathered, std::vector<at::Tensor>& parts, int64_t size) {
+  for (size_t i = 0; i < gathered.size() && i < parts.size(); ++i) flatten_pair(gathered[i], parts[i], size);
+}
+
 }  // namespace
 
 HostCopyBackend::HostCopyBackend(c10::intrusive_ptr<c10d::Backend> host)
@@ -184,6 +200,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_allgather_base(
   Staging s("all_gather_into_tensor");
   auto hi = s.in(input);
   auto ho = s.out(output);
+  flatten_pair(ho, hi, getSize());
   return s.finish(host_->_allgather_base(ho, hi, opts), OpType::_ALLGATHER_BASE);
 }
 
@@ -192,6 +209,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::allgather_into_tensor_coalesced(
   Staging s("all_gather_into_tensor (coalesced)");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
+  flatten_pairs(ho, hi, getSize());
   return s.finish(host_->allgather_into_tensor_coalesced(ho, hi, opts), OpType::COALESCED);
 }
 
@@ -227,6 +245,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::_reduce_scatter_base(
   Staging s("reduce_scatter_tensor");
   auto hi = s.in(input);
   auto ho = s.out(output);
+  flatten_pair(hi, ho, getSize());
   return s.finish(host_->_reduce_scatter_base(ho, hi, opts), OpType::_REDUCE_SCATTER_BASE);
 }
 
@@ -235,6 +254,7 @@ c10::intrusive_ptr<c10d::Work> HostCopyBackend::reduce_scatter_tensor_coalesced(
   Staging s("reduce_scatter_tensor (coalesced)");
   auto hi = s.in(inputs);
   auto ho = s.out(outputs);
+  flatten_pairs(hi, ho, getSize());
   return s.finish(host_->reduce_scatter_tensor_coalesced(ho, hi, opts), OpType::REDUCE_SCATTER_TENSOR_COALESCED);
 }
 
