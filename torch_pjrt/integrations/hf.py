@@ -19,7 +19,10 @@ tpu device is present (the library's choice stands in every other case):
    memory from torch.tpu.mem_get_info, the CPU budget kept after them.
 3. transformers.TrainingArguments._setup_devices (transformers/training_args.py:1811,
    single-process branch at :1885): follows accelerate's choice (1), so
-   args.device and the Trainer's model placement are tpu.
+   args.device and the Trainer's model placement are tpu. In the same
+   module, `is_torch_bf16_gpu_available` (utils/import_utils.py:636, named
+   devices only) also answers for tpu, so `TrainingArguments(bf16=True)` no
+   longer raises "Your setup doesn't support bf16/gpu" (:1746).
 4. transformers.Pipeline.__init__ (transformers/pipelines/base.py:823-877):
    with no device=, a model already on tpu stays there and a CPU model goes to
    tpu (what the docstring promises for "the first available accelerator");
@@ -196,6 +199,20 @@ def _patch_training_args(module):
     prop = functools.cached_property(_setup_devices)
     prop.__set_name__(cls, "_setup_devices")
     cls._setup_devices = prop
+    _patch_bf16_check(module)
+
+
+def _patch_bf16_check(module):
+    original = module.__dict__.get("is_torch_bf16_gpu_available")
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @_mark
+    @functools.wraps(original)
+    def is_torch_bf16_gpu_available():
+        return original() or (_tpu_present() and torch.tpu.is_bf16_supported())
+
+    module.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
 
 
 # 4. transformers: Pipeline.__init__ --------------------------------------------------------
