@@ -42,7 +42,7 @@ def torchrun(scenario, out):
         env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.load(open(out / f"rank{r}.json")) for r in range(WORLD)]
-    return ranks, torch.load(out / "weights.pt")
+    return ranks, torch.load(out / "weights.pt") if (out / "weights.pt").exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,20 @@ def test_accelerator_fsdp2_under_torchrun_trains_sharded_on_tpu(tmp_path, cpu_re
         assert seen["sharded"] == ["DTensor"], seen
     assert ranks[0]["losses"] == ranks[1]["losses"]
     _assert_matches(ranks[0]["losses"], weights, cpu_reference)
+
+
+def test_transformers_tensor_parallel_under_torchrun(tmp_path):
+    """from_pretrained(tp_plan="auto") starts torch.distributed itself with
+    TorchTPU's backend name ("tpu_dist", an alias of "tpu" here); the
+    sharded model's logits equal the whole model's on CPU."""
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(worker.tiny_llama_config()).eval()
+    model.save_pretrained(tmp_path / "llama")
+    with torch.no_grad():
+        want = model(worker.token_ids()[:2]).logits
+    ranks, _ = torchrun("tp", tmp_path)
+    for r, seen in enumerate(ranks):
+        assert seen["device"] == f"tpu:{r}" and seen["backend"] == "tpu_dist", seen
+        assert "DTensor" in seen["sharded"], seen
+        torch.testing.assert_close(torch.tensor(seen["logits"]), want, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,10 @@ import torch.distributed as dist
 from .. import _state
 
 BACKEND = "tpu"
+# TorchTPU's name for its backend, which transformers' own initialization
+# asks for on a "tpu" device (transformers/distributed/utils.py, backend_map):
+# the same backend here, so code written for TorchTPU runs unchanged.
+ALIASES = ("tpu_dist",)
 _MODES = ("auto", "0", "1")
 
 
@@ -94,7 +98,11 @@ def _create(store, rank, world_size, timeout):
 
 def register():
     """Registers the "tpu" c10d backend (idempotent); for tpu tensors, and for
-    CPU tensors (passed through to gloo) when it is the group's only backend."""
+    CPU tensors (passed through to gloo) when it is the group's only backend.
+    "tpu" comes first: the first name registered for a device is its default."""
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create, devices=["tpu", "cpu"])
+    for alias in ALIASES:
+        if alias.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(alias, _create, devices=["tpu", "cpu"])

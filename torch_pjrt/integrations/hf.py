@@ -100,7 +100,7 @@ def _patch_accelerate_state(module):
 
 def _tpu_backend(backend):
     """True for a backend string that handles tpu tensors ("tpu", "cpu:gloo,tpu:tpu")."""
-    return backend is None or backend == "tpu" or any(
+    return backend is None or backend in ("tpu", "tpu_dist") or any(
         part.split(":")[0].strip() == "tpu" for part in backend.split(",") if ":" in part)
 
 
