@@ -82,6 +82,37 @@ def test_accelerator_prepare_moves_model_and_batches():
     assert batch.device.type == DEVICE
 
 
+def _one_rank_launch(monkeypatch):
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for k, v in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("preset", [None, "cpu"])
+def test_distributed_launch_uses_the_tpu_backend_unless_a_device_is_preset(monkeypatch, preset):
+    """A torchrun-style environment (here one rank): DDP's kind on the "tpu"
+    backend (tests/test_hf_distributed.py runs two); ACCELERATE_TORCH_DEVICE=cpu
+    keeps accelerate's own choice."""
+    import torch.distributed as dist
+    _one_rank_launch(monkeypatch)
+    if preset:
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", preset)
+    try:
+        state = PartialState()
+        if preset is None:
+            assert (str(state.distributed_type), state.backend) == ("DistributedType.MULTI_GPU", "tpu")
+            assert state.device == torch.device(DEVICE, 0) and dist.get_backend() == "tpu"
+        else:
+            assert str(state.distributed_type) == "DistributedType.NO" and state.device.type == "cpu"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 # TrainingArguments / Trainer ------------------------------------------------------------------
 
 def test_training_arguments_device(tmp_path):

@@ -45,10 +45,10 @@ tpu device is present (the library's choice stands in every other case):
 Each would go away with the upstream change in docs/upstream_notes.md (ask
 torch.accelerator.current_accelerator() before falling back to CPU).
 """
-import os
 import functools
 import inspect
 import logging
+import os
 import sys
 
 import torch
@@ -116,15 +116,15 @@ def _patch_accelerate_backend(module):
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
         chosen, kind = original(self, cpu, sagemaker_dp, backend)
         local_rank = int(os.environ.get("LOCAL_RANK", -1))
+        preset = getattr(self, "device", None)      # from ACCELERATE_TORCH_DEVICE
         if (kind != distributed.NO or cpu or local_rank == -1 or not _tpu_backend(backend)
-                or not _tpu_present()):
+                or (preset is not None and preset.type != "tpu") or not _tpu_present()):
             return chosen, kind
         # (What set_device does for the named devices, done here: it would
-        # look up torch.cuda for MULTI_GPU. ACCELERATE_TORCH_DEVICE still wins.)
-        if getattr(self, "device", None) is None:
+        # look up torch.cuda for MULTI_GPU.)
+        if preset is None:
             self.device = torch.device("tpu", local_rank % torch.tpu.device_count())
-        if self.device.type == "tpu":
-            torch.tpu.set_device(self.device)
+        torch.tpu.set_device(self.device)
         logger.info("torch_pjrt: distributed launch on %s with c10d backend %r", self.device, backend or "tpu")
         return backend or "tpu", distributed.MULTI_GPU
 
@@ -199,7 +199,6 @@ def _patch_training_args(module):
     prop = functools.cached_property(_setup_devices)
     prop.__set_name__(cls, "_setup_devices")
     cls._setup_devices = prop
-    _patch_bf16_check(module)
 
 
 def _patch_bf16_check(module):
@@ -269,4 +268,5 @@ def install():
     _hooks.when_imported("accelerate.state", _patch_accelerate_backend)
     _hooks.when_imported("accelerate.utils.modeling", _patch_get_max_memory)
     _hooks.when_imported("transformers.training_args", _patch_training_args)
+    _hooks.when_imported("transformers.training_args", _patch_bf16_check)
     _hooks.when_imported("transformers.pipelines.base", _patch_pipeline)
