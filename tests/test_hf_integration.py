@@ -167,6 +167,36 @@ def test_trainer_bf16_on_tpu(tmp_path):
     assert tpu_losses != fp32_losses
 
 
+def _train_resumed(tmp_path, use_cpu):
+    """2 steps with a checkpoint, then a new Trainer resumes from it to step 4."""
+    g = torch.Generator().manual_seed(1)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, VOCAB, (16, 12), generator=g)]
+
+    def trainer(steps):
+        args = transformers.TrainingArguments(
+            str(tmp_path), use_cpu=use_cpu, max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3,
+            logging_steps=1, save_strategy="steps", save_steps=2, report_to=[], seed=0, disable_tqdm=True)
+        model = tiny_model().train()
+        return transformers.Trainer(model=model if use_cpu else model.to(DEVICE), args=args, train_dataset=data)
+
+    trainer(2).train()
+    resumed = trainer(4)
+    resumed.train(resume_from_checkpoint=True)
+    losses = [h["loss"] for h in resumed.state.log_history if "loss" in h]
+    return losses, {k: v.detach().cpu() for k, v in resumed.model.state_dict().items()}
+
+
+def test_trainer_resume_from_checkpoint_matches_cpu(tmp_path):
+    """The checkpoint holds tpu tensors (weights, AdamW state) and the RNG and
+    scheduler states; resuming from it on tpu gives what resuming does on CPU."""
+    cpu_losses, cpu_weights = _train_resumed(tmp_path / "cpu", use_cpu=True)
+    tpu_losses, tpu_weights = _train_resumed(tmp_path / "tpu", use_cpu=False)
+    assert len(tpu_losses) == 4 and os.path.isdir(tmp_path / "tpu" / "checkpoint-4")
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
+    for name, w in tpu_weights.items():
+        torch.testing.assert_close(w, cpu_weights[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
 def test_trainer_moves_cpu_model_to_tpu(tmp_path):
     model = tiny_model().train()
     trainer, _ = _train(tmp_path, model, use_cpu=False, steps=2)
