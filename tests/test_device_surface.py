@@ -316,3 +316,16 @@ def test_autocast_default_dtype_is_bfloat16():
     with torch.autocast("tpu", dtype=torch.float16):
         assert lin(torch.randn(2, 8, device="tpu")).dtype == torch.float16
     assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+
+
+def test_device_of_and_out_of_memory_error_as_torch_cuda():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs a second tpu device")
+    before = torch.tpu.current_device()
+    with torch.tpu.device_of(torch.ones(2, device="tpu:1")):
+        assert torch.tpu.current_device() == 1
+    with torch.tpu.device_of(torch.ones(2)):          # a CPU tensor: unchanged
+        assert torch.tpu.current_device() == before
+    assert torch.tpu.current_device() == before
+    with pytest.raises(torch.tpu.OutOfMemoryError):   # code written for CUDA catches it by this name
+        torch.empty(2**50, device="tpu")

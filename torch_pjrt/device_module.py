@@ -79,6 +79,18 @@ def device(dev):
         set_device(previous)
 
 
+def device_of(obj):
+    """As torch.cuda.device_of: the current device is `obj`'s for the block
+    when `obj` is a tpu tensor (or storage); otherwise unchanged."""
+    if getattr(obj, "device", None) is not None and obj.device.type == "tpu":
+        return device(obj.device)
+    return contextlib.nullcontext()
+
+
+# As torch.cuda.OutOfMemoryError (code catches it by the device module's name).
+OutOfMemoryError = torch.OutOfMemoryError
+
+
 def synchronize(device=None):
     """Waits for every program launched on the device (all devices if None given as -1)."""
     _C().synchronize(_index(device))
