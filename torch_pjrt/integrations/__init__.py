@@ -8,8 +8,9 @@ it. TORCH_PJRT_HF_INTEGRATION=0 turns the Hugging Face adjustments off.
 - `hf`: accelerate / transformers pick tpu where they would fall back to CPU
   (Accelerator().device, TrainingArguments.device and so Trainer, pipeline()
   without device=, device_map="auto", bf16=True), and under torchrun run DDP
-  over the "tpu" c10d backend where each rank would have run alone. Why each is a narrow patch and which
-  upstream change removes it: docs/upstream_notes.md.
+  over the "tpu" c10d backend where each rank would have run alone. Why each
+  is a narrow patch and which upstream change removes it:
+  docs/upstream_notes.md.
 - `safetensors`: load_file / safe_open / save_file for tpu tensors
   (safetensors 0.8 rejects device="tpu"); when safetensors is imported, its
   stock safe_open / load_file / load_model accept tpu devices too (patch_stock).

@@ -99,8 +99,10 @@ def _patch_accelerate_state(module):
 # 5. accelerate: PartialState._prepare_backend (distributed launches) ------------------------
 
 def _tpu_backend(backend):
-    """True for a backend string that handles tpu tensors ("tpu", "cpu:gloo,tpu:tpu")."""
-    return backend is None or backend in ("tpu", "tpu_dist") or any(
+    """True for no backend or one that handles tpu tensors ("tpu", its aliases,
+    "cpu:gloo,tpu:tpu")."""
+    from ..distributed import ALIASES, BACKEND
+    return backend is None or backend in (BACKEND, *ALIASES) or any(
         part.split(":")[0].strip() == "tpu" for part in backend.split(",") if ":" in part)
 
 
@@ -125,8 +127,10 @@ def _patch_accelerate_backend(module):
         if preset is None:
             self.device = torch.device("tpu", local_rank % torch.tpu.device_count())
         torch.tpu.set_device(self.device)
-        logger.info("torch_pjrt: distributed launch on %s with c10d backend %r", self.device, backend or "tpu")
-        return backend or "tpu", distributed.MULTI_GPU
+        from ..distributed import BACKEND
+        backend = backend or BACKEND
+        logger.info("torch_pjrt: distributed launch on %s with c10d backend %r", self.device, backend)
+        return backend, distributed.MULTI_GPU
 
     cls._prepare_backend = _prepare_backend
 

@@ -32,8 +32,8 @@ and `load_model`) through these helpers. Every other device goes to
 safetensors unchanged; only what would have raised "device tpu is invalid"
 changes.
 """
-import sys
 import os
+import sys
 from typing import Dict, Optional, Union
 
 import torch
@@ -148,7 +148,7 @@ _safe_open_any_device.__doc__ = _stock_safe_open.__doc__
 setattr(_safe_open_any_device, _MARK, True)
 
 
-def patch_stock(module=None):
+def patch_stock():
     """Stock safetensors' safe_open (so load_file and load_model) accepts tpu
     devices; also rebinds the name in modules that imported it already."""
     if getattr(safetensors.safe_open, _MARK, False):
