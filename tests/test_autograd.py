@@ -116,6 +116,7 @@ def test_optimizers_match_cpu(name, make_opt, metrics_delta):
     lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),
     lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+    lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.05, weight_decay=0.1, fused=True),
 ])
 def test_fused_optimizers_match_cpu(make_opt, metrics_delta):
     _step_pair(make_opt)
@@ -136,6 +137,24 @@ def test_fused_adam_skips_step_on_found_inf_and_unscales():
         torch._fused_adam_(ps, gs, m, v, [], steps, **kw, grad_scale=torch.tensor(4.0, device=dev),
                            found_inf=torch.tensor(0.0, device=dev))
         results[dev] = (skipped, ps[0], gs[0], m[0])
+    assert_same(results["tpu"][0], p)  # found_inf: untouched
+    for a, b in zip(results["tpu"], results["cpu"]):
+        assert_same(a, b)
+
+
+def test_fused_adagrad_skips_step_on_found_inf_and_unscales():
+    p, g = make((4,)), make((4,), seed=1)
+    results = {}
+    for dev in ("cpu", "tpu"):
+        ps, gs, sums = [p.clone().to(dev)], [g.clone().to(dev)], [torch.full((4,), 0.1, device=dev)]
+        steps = [torch.tensor(2.0, device=dev)]
+        kw = dict(lr=0.1, lr_decay=0.2, weight_decay=0.05, eps=1e-10, maximize=True)
+        torch._fused_adagrad_(ps, gs, sums, steps, **kw, grad_scale=torch.tensor(4.0, device=dev),
+                              found_inf=torch.tensor(1.0, device=dev))
+        skipped = ps[0].clone()
+        torch._fused_adagrad_(ps, gs, sums, steps, **kw, grad_scale=torch.tensor(4.0, device=dev),
+                              found_inf=torch.tensor(0.0, device=dev))
+        results[dev] = (skipped, ps[0], gs[0], sums[0])
     assert_same(results["tpu"][0], p)  # found_inf: untouched
     for a, b in zip(results["tpu"], results["cpu"]):
         assert_same(a, b)

@@ -87,6 +87,8 @@ KNOWN_FAILURES = {
     "_fused_sgd.tensor_lr*": "the meta pass fails: _fused_sgd_.tensor_lr has no Meta kernel",
     "_fused_sgd": "the meta pass fails: _fused_sgd_ has no Meta kernel",
     "_fused_sgd.out": "the meta pass fails: _fused_sgd_ has no Meta kernel",
+    "_fused_adagrad*": "the eager executor cannot return a tuple of tensor lists (out=: tpu writes the "
+                       "results into self); the in-place _fused_adagrad_ that optimizers call is checked",
     "_amp_update_scale.out":
         "CPU's out= kernel leaves growth_tracker (annotated as written) as it was; tpu updates it",
     "_native_batch_norm_legit_no_training*": "tpu returns save_mean/save_invstd of shape (C,), CPU empty",
@@ -396,6 +398,17 @@ def _sgd(name):
     return Call(name, v)
 
 
+def _adagrad(name):
+    p = [make((3,), seed=1), make((2, 2), seed=2)]
+    v = dict(self=p, grads=[make(t.shape, seed=3 + i) for i, t in enumerate(p)],
+             state_sums=[_pos(t.shape, seed=5 + i) for i, t in enumerate(p)],
+             state_steps=[torch.tensor(3.0), torch.tensor(3.0)], lr=1e-2, lr_decay=0.1,
+             weight_decay=0.01, eps=1e-10, maximize=False)
+    if name.endswith("tensor_lr"):
+        v["lr"] = torch.tensor(1e-2)
+    return Call(name, v)
+
+
 def _amp(found_inf):
     # growth_tracker at interval - 1 with no inf: the scale grows; with inf: it backs off.
     return Call("_amp_update_scale", dict(
@@ -514,6 +527,7 @@ def hand_calls():
     c += [_adam(n) for n in ("_fused_adam", "_fused_adam.tensor_lr", "_fused_adamw",
                              "_fused_adamw.tensor_lr")]
     c += [_sgd(n) for n in ("_fused_sgd", "_fused_sgd.tensor_lr")]
+    c += [_adagrad(n) for n in ("_fused_adagrad", "_fused_adagrad.tensor_lr")]
     for fam in sorted({_family(n) for n in UNIVERSE if "upsample" in n}):
         c.append(_upsample_call(fam))
     for name in UNIVERSE:

@@ -1,4 +1,5 @@
-// Fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_): the whole
+// Fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_,
+// _fused_adagrad_): the whole
 // update of every parameter in one program, with the same arithmetic as
 // PyTorch's CPU fused kernels (opmath: float32 for half types; bias corrections
 // in float64). Hyper-parameters are runtime scalars, so a learning-rate
@@ -184,10 +185,43 @@ std::vector<Value> sgd(LoweringContext& ctx) {
   return {};
 }
 
+
+// Adagrad: clr = lr / (1 + (step - 1) * lr_decay) in float64 from the (already
+// incremented) step; state_sum += g^2; param -= clr * g / (sqrt(state_sum) + eps).
+std::vector<Value> adagrad(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const Arg& params = ctx.arg("self");
+  bool weight_decay = maybe_nonzero(ctx, "weight_decay");
+  Hypers hp(ctx);
+  std::map<DType, Scaling> scalings;
+  for (size_t i = 0; i < params.tensors.size(); ++i) {
+    const Value& p0 = params.tensors[i];
+    DType opmath = math_dtype(p0.dtype());
+    if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
+    const Scaling& s = scalings[opmath];
+    Value p = b.convert(p0, opmath);
+    Value g = grad_of(ctx, s, i, opmath);
+    if (weight_decay) g = b.binary("add", g, b.binary("multiply", p, full(b, hp("weight_decay", opmath), p)));
+    Value step = b.reshape(b.convert(element(ctx, "state_steps", i), DType::F64), {});
+    Value one64 = b.constant(1.0, DType::F64);
+    Value decay = b.binary("add", one64, b.binary("multiply", b.binary("subtract", step, one64),
+                                                  hp("lr_decay", DType::F64)));
+    Value clr = b.convert(b.binary("divide", hp("lr", DType::F64), decay), opmath);
+    const Value& sum0 = element(ctx, "state_sums", i);
+    Value sum = b.binary("add", b.convert(sum0, opmath), b.binary("multiply", g, g));
+    Value std = b.binary("add", b.unary("sqrt", sum), full(b, hp("eps", opmath), sum));
+    p = b.binary("subtract", p, b.binary("multiply", full(b, clr, p), b.binary("divide", g, std)));
+    update(ctx, s, "state_sums", i, sum0, sum);
+    update(ctx, s, "self", i, p0, p);
+  }
+  return {};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("_fused_adam", adam(false));
 TORCH_PJRT_LOWERING("_fused_adamw", adam(true));
 TORCH_PJRT_LOWERING("_fused_sgd", sgd);
+TORCH_PJRT_LOWERING("_fused_adagrad", adagrad);
 
 }  // namespace torch_pjrt::lowering::ops
