@@ -79,16 +79,14 @@ SKIP = {
 # run as non-strict xfail so that they stay visible. Keys: overload or "overload/arg"
 # (fnmatch patterns; no family matching, so in-place forms are not covered).
 KNOWN_FAILURES = {
-    "_fused_adam*.out": "tpu writes the results into self and leaves out untouched",
     "_fused_adam": "the eager executor cannot return a tuple of tensor lists",
     "_fused_adamw": "the eager executor cannot return a tuple of tensor lists",
     "_fused_adam.tensor_lr*": "the meta pass fails: _fused_adam_.tensor_lr has no Meta kernel",
     "_fused_adamw.tensor_lr*": "the meta pass fails: _fused_adamw_.tensor_lr has no Meta kernel",
     "_fused_sgd.tensor_lr*": "the meta pass fails: _fused_sgd_.tensor_lr has no Meta kernel",
     "_fused_sgd": "the meta pass fails: _fused_sgd_ has no Meta kernel",
-    "_fused_sgd.out": "the meta pass fails: _fused_sgd_ has no Meta kernel",
-    "_fused_adagrad*": "the eager executor cannot return a tuple of tensor lists (out=: tpu writes the "
-                       "results into self); the in-place _fused_adagrad_ that optimizers call is checked",
+    "_fused_adagrad": "the eager executor cannot return a tuple of tensor lists",
+    "_fused_adagrad.tensor_lr": "the eager executor cannot return a tuple of tensor lists",
     "_amp_update_scale.out":
         "CPU's out= kernel leaves growth_tracker (annotated as written) as it was; tpu updates it",
     "_native_batch_norm_legit_no_training*": "tpu returns save_mean/save_invstd of shape (C,), CPU empty",

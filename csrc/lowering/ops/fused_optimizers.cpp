@@ -72,13 +72,20 @@ Scaling scaling(LoweringContext& ctx, DType opmath) {
 }
 
 // Writes `fresh` into list element i (or keeps `old` when found_inf is set).
+// The .out overloads write `out` only: CPU's kernel leaves the state lists (annotated
+// as written) as they were.
 void update(LoweringContext& ctx, const Scaling& s, const std::string& list, size_t i, const Value& old,
             Value fresh) {
+  if (list != "out" && ctx.has("out")) return;
   Builder& b = ctx.b;
   fresh = b.convert(fresh, old.dtype());
   if (s.skip) fresh = b.select(b.broadcast_to(*s.skip, old.shape()), old, fresh);
   ctx.mutate(list, fresh, static_cast<int>(i));
 }
+
+// Where the new parameters go: self for the in-place ops; `out` for the .out
+// overloads, whose self is read-only.
+const char* params_out(const LoweringContext& ctx) { return ctx.has("out") ? "out" : "self"; }
 
 Value grad_of(LoweringContext& ctx, const Scaling& s, size_t i, DType opmath) {
   Builder& b = ctx.b;
@@ -144,7 +151,7 @@ LowerFn adam(bool decoupled_weight_decay) {
       p = b.binary("subtract", p, b.binary("multiply", full(b, step_size, p), b.binary("divide", m, denom)));
       update(ctx, s, "exp_avgs", i, m0, m);
       update(ctx, s, "exp_avg_sqs", i, v0, v);
-      update(ctx, s, "self", i, p0, p);
+      update(ctx, s, params_out(ctx), i, p0, p);
     }
     return {};
   };
@@ -180,7 +187,7 @@ std::vector<Value> sgd(LoweringContext& ctx) {
       g = nesterov ? b.binary("add", g, b.binary("multiply", mu, buf)) : buf;
     }
     p = b.binary("subtract", p, b.binary("multiply", full(b, hp("lr", opmath), p), g));
-    update(ctx, s, "self", i, p0, p);
+    update(ctx, s, params_out(ctx), i, p0, p);
   }
   return {};
 }
@@ -212,7 +219,7 @@ std::vector<Value> adagrad(LoweringContext& ctx) {
     Value std = b.binary("add", b.unary("sqrt", sum), full(b, hp("eps", opmath), sum));
     p = b.binary("subtract", p, b.binary("multiply", full(b, clr, p), b.binary("divide", g, std)));
     update(ctx, s, "state_sums", i, sum0, sum);
-    update(ctx, s, "self", i, p0, p);
+    update(ctx, s, params_out(ctx), i, p0, p);
   }
   return {};
 }
