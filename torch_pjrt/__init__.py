@@ -122,6 +122,8 @@ if _autoload_error is None:
     _device_interface.install()  # Dynamo's device interface for "tpu", once Dynamo is imported
     from . import _legacy_save  # noqa: E402
     _legacy_save.install()  # pickle.dumps / legacy torch.save and load of tpu tensors, through a CPU copy
+    from . import _mp_reductions  # noqa: E402
+    _mp_reductions.install()  # torch.multiprocessing sends tpu tensors as copies (no IPC for PJRT buffers)
     from . import _dlpack  # noqa: E402
     _dlpack.install()  # DLPack export of tpu tensors: a BufferError, not a capsule of a handle
 
