@@ -576,3 +576,21 @@ def test_cauchy_log_normal_and_geometric_reject_bad_arguments_as_cpu():
     for f in (lambda t: t.cauchy_(0, -1), lambda t: t.log_normal_(1, 0), lambda t: t.geometric_(1.5),
               lambda t: t.long().cauchy_(), lambda t: t.long().log_normal_()):
         check_raises(f, torch.empty(3))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_tpu_generator_copies_and_pickles_with_its_stream(how):
+    """Generator.__reduce__ asks a non-CPU generator for its offset; the tpu generator's
+    CPU-style engine raised there (a SystemError from __reduce__)."""
+    import copy
+    import pickle
+
+    g = torch.Generator(device="tpu").manual_seed(5)
+    torch.rand(3, device="tpu", generator=g)  # advance the stream first
+    g2 = copy.deepcopy(g) if how == "deepcopy" else pickle.loads(pickle.dumps(g))
+    assert g2.device == g.device and g2.initial_seed() == 5
+    assert torch.equal(torch.rand(5, device="tpu", generator=g2).cpu(), torch.rand(5, device="tpu", generator=g).cpu())
+    assert g.get_offset() == 0
+    g.set_offset(0)
+    with pytest.raises(RuntimeError, match="offset"):  # CPU's engine has no offset: CPU's error
+        g.set_offset(4)

@@ -1,6 +1,8 @@
 """torch.tpu: the device module PyTorch looks up for the `tpu` device."""
 import collections
 import contextlib
+import functools
+import sys
 
 import torch
 
@@ -370,8 +372,18 @@ def _host_only(fn):
     """The generator functions run on the host, never traced: Dynamo would
     inline them (torch.testing's freeze_rng_state calls them under
     no_dispatch inside compiled code, which then failed) and graph-breaks
-    around them instead, as around torch.cuda's."""
-    return torch._disable_dynamo(fn)
+    around them instead, as around torch.cuda's. torch._disable_dynamo
+    imports Dynamo at the first call (1.2 s, each DataLoader worker seeds),
+    so the plain function runs while Dynamo is not imported: then nothing
+    can be tracing."""
+    disabled = torch._disable_dynamo(fn)
+
+    @functools.wraps(fn)
+    def host_only(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        return disabled(*args, **kwargs)
+    return host_only
 
 
 def default_generator(device=None):

@@ -23,6 +23,14 @@ class PjrtGeneratorImpl : public at::CPUGeneratorImpl {
     key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
   }
 
+  // Generator.__reduce__ (pickle, copy.deepcopy) asks any non-CPU generator
+  // for its offset and __setstate__ sets it back; CPU's engine has none, and
+  // its get_offset raises. The engine's whole state travels in get_state().
+  uint64_t get_offset() const override { return 0; }
+  void set_offset(uint64_t offset) override {
+    if (offset != 0) at::CPUGeneratorImpl::set_offset(offset);  // CPU's error: the engine has no offset
+  }
+
  private:
   // Generator.clone_state() and graph-safe copies: a tpu generator (CPU's
   // clone would relabel it a CPU one).
