@@ -59,4 +59,9 @@ Value inclusive_scan(Builder& b, const Value& x, int64_t dim, double identity, c
 // Inclusive running sum along dim (offsets, compaction places).
 Value prefix_sum(Builder& b, const Value& x, int64_t dim);
 
+// searchsorted's search (searchsorted.cpp): per value of v (shape S), its slot in
+// the sorted rows of seq ([M], or [B..., M] with v of shape [B..., K]); `sorter`
+// reorders the rows (argsort's indices) or is null; `right`: the first element > v.
+Value binary_search(Builder& b, const Value& seq, const Value& v, const Value* sorter, bool right);
+
 }  // namespace torch_pjrt::lowering::ops

@@ -1,6 +1,7 @@
 // Random ops: counter-based Threefry bits keyed by the 128-bit state the
 // executor draws from the tpu generator for each call, so programs are
 // compiled once and results follow torch.manual_seed.
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -295,7 +296,9 @@ std::vector<Value> random(LoweringContext& ctx) {
 // exponential race. Each category j gets a clock E_j = -log(u_j) / p_j; the
 // smallest is j with probability p_j / sum(p), and the order of the clocks is
 // sampling without replacement (sequentially proportional to what is left).
-// With replacement each sample has clocks of its own.
+// With replacement each sample has clocks of its own (k * cats of them); from
+// k > bit_width(cats) on, samples are drawn by inverting the rows' running sums
+// instead (CPU's method): cats + k * log2(cats) work, not k * cats.
 std::vector<Value> multinomial(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
@@ -335,6 +338,20 @@ std::vector<Value> multinomial(LoweringContext& ctx) {
     // come last here, in index order.)
     auto sorted = sort_with_indices(b, clocks({rows, cats}, p), 1, false);
     idx = b.slice(sorted.second, {0, 0}, {rows, k});
+  } else if (k > std::bit_width(static_cast<uint64_t>(cats))) {
+    // The first category whose running sum exceeds u * total. Zero categories
+    // add nothing, so none is ever chosen; u * total rounding up to the total
+    // (no category found) takes the last positive one.
+    Value cdf = prefix_sum(b, p, 1);
+    Value total = b.slice(cdf, {0, cats - 1}, {rows, cats});  // [rows, 1]
+    Value u = b.reshape(uniform01(ctx, rows * k, wt), {rows, k});
+    Value v = b.binary("multiply", u, b.broadcast_in_dim(b.reshape(total, {rows}), {rows, k}, {0}));
+    idx = binary_search(b, cdf, v, nullptr, /*right=*/true);
+    Value j = b.iota({DType::I64, {rows, cats}}, 1);
+    Value last = b.reduce(b.select(b.compare(Cmp::GT, p, splat_like(b, 0, p)), j, b.zeros(j.type)),
+                          b.constant_int(0, DType::I64), {1}, "stablehlo.maximum");
+    Value none = b.compare(Cmp::GE, idx, b.splat(Scalar::from_int(cats), idx.type));
+    idx = b.select(none, b.broadcast_in_dim(last, {rows, k}, {0}), idx);
   } else {
     Shape rkc{rows, k, cats};
     Value e = clocks(rkc, b.broadcast_in_dim(p, rkc, {0, 2}));

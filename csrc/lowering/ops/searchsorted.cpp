@@ -7,11 +7,7 @@
 #include "lowering/ops/common.h"
 
 namespace torch_pjrt::lowering::ops {
-namespace {
 
-// The index, per value of `v` (shape S), of its slot in the sorted rows of
-// `seq` ([M], or [B..., M] with v of shape [B..., K]); `sorter` reorders the
-// rows (argsort's indices) or is null.
 Value binary_search(Builder& b, const Value& seq, const Value& v, const Value* sorter, bool right) {
   int64_t m = seq.shape().back();
   bool batched = seq.rank() > 1;
@@ -46,6 +42,8 @@ Value binary_search(Builder& b, const Value& seq, const Value& v, const Value* s
   }
   return lo;
 }
+
+namespace {
 
 bool is_right(const LoweringContext& ctx) {
   std::string side = ctx.str("side");
