@@ -4,6 +4,7 @@
 // PyTorch's CPU fused kernels (opmath: float32 for half types; bias corrections
 // in float64). Hyper-parameters are runtime scalars, so a learning-rate
 // schedule compiles nothing new. Every list is written back with ctx.mutate.
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -99,21 +100,39 @@ Value grad_of(LoweringContext& ctx, const Scaling& s, size_t i, DType opmath) {
   return g;
 }
 
+// One parameter: its index, stored value, math type and that type's scaling,
+// and the parameter and its gradient (unscaled, negated for maximize) in it.
+struct Param {
+  size_t i;
+  const Value& p0;
+  DType opmath;
+  const Scaling& s;
+  Value p, g;
+};
+
+// Runs `step` for each parameter and writes the new parameter it returns.
+void for_each_param(LoweringContext& ctx, const std::function<Value(const Param&)>& step) {
+  const Arg& params = ctx.arg("self");
+  std::map<DType, Scaling> scalings;
+  for (size_t i = 0; i < params.tensors.size(); ++i) {
+    const Value& p0 = params.tensors[i];
+    DType opmath = math_dtype(p0.dtype());
+    if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
+    const Scaling& s = scalings[opmath];
+    Param x{i, p0, opmath, s, ctx.b.convert(p0, opmath), grad_of(ctx, s, i, opmath)};
+    update(ctx, s, params_out(ctx), i, p0, step(x));
+  }
+}
+
 LowerFn adam(bool decoupled_weight_decay) {
   return [decoupled_weight_decay](LoweringContext& ctx) -> std::vector<Value> {
     Builder& b = ctx.b;
-    const Arg& params = ctx.arg("self");
     bool amsgrad = ctx.to_bool("amsgrad", false);
     bool weight_decay = maybe_nonzero(ctx, "weight_decay");
     Hypers hp(ctx);
-    std::map<DType, Scaling> scalings;
-    for (size_t i = 0; i < params.tensors.size(); ++i) {
-      const Value& p0 = params.tensors[i];
-      DType opmath = math_dtype(p0.dtype());
-      if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
-      const Scaling& s = scalings[opmath];
-      Value p = b.convert(p0, opmath);
-      Value g = grad_of(ctx, s, i, opmath);
+    for_each_param(ctx, [&](const Param& x) {
+      DType opmath = x.opmath;
+      Value p = x.p, g = x.g;
       Value lr = hp("lr", opmath), beta1 = hp("beta1", opmath), beta2 = hp("beta2", opmath),
             eps = hp("eps", opmath);
       if (weight_decay) {
@@ -124,8 +143,8 @@ LowerFn adam(bool decoupled_weight_decay) {
           g = b.binary("add", g, b.binary("multiply", p, wd));
       }
       Value one = b.constant(1.0, opmath);
-      const Value& m0 = element(ctx, "exp_avgs", i);
-      const Value& v0 = element(ctx, "exp_avg_sqs", i);
+      const Value& m0 = element(ctx, "exp_avgs", x.i);
+      const Value& v0 = element(ctx, "exp_avg_sqs", x.i);
       // exp_avg = lerp(exp_avg, grad, 1 - beta1); exp_avg_sq = beta2 * v + (1 - beta2) * g^2
       Value m = b.convert(m0, opmath);
       m = b.binary("add", m, b.binary("multiply", full(b, b.binary("subtract", one, beta1), m),
@@ -134,7 +153,7 @@ LowerFn adam(bool decoupled_weight_decay) {
                          b.binary("multiply", full(b, b.binary("subtract", one, beta2), g),
                                   b.binary("multiply", g, g)));
       // Bias corrections in float64 from the (already incremented) step.
-      Value step = b.reshape(b.convert(element(ctx, "state_steps", i), DType::F64), {});
+      Value step = b.reshape(b.convert(element(ctx, "state_steps", x.i), DType::F64), {});
       Value one64 = b.constant(1.0, DType::F64);
       Value bc1 = b.binary("subtract", one64, b.binary("power", hp("beta1", DType::F64), step));
       Value bc2 = b.binary("subtract", one64, b.binary("power", hp("beta2", DType::F64), step));
@@ -142,85 +161,67 @@ LowerFn adam(bool decoupled_weight_decay) {
       Value bc2_sqrt = b.convert(b.unary("sqrt", bc2), opmath);
       Value second = v;
       if (amsgrad) {
-        const Value& vmax0 = element(ctx, "max_exp_avg_sqs", i);
+        const Value& vmax0 = element(ctx, "max_exp_avg_sqs", x.i);
         second = b.binary("maximum", b.convert(vmax0, opmath), v);
-        update(ctx, s, "max_exp_avg_sqs", i, vmax0, second);
+        update(ctx, x.s, "max_exp_avg_sqs", x.i, vmax0, second);
       }
       Value denom = b.binary("add", b.binary("divide", b.unary("sqrt", second), full(b, bc2_sqrt, v)),
                              full(b, eps, v));
-      p = b.binary("subtract", p, b.binary("multiply", full(b, step_size, p), b.binary("divide", m, denom)));
-      update(ctx, s, "exp_avgs", i, m0, m);
-      update(ctx, s, "exp_avg_sqs", i, v0, v);
-      update(ctx, s, params_out(ctx), i, p0, p);
-    }
+      update(ctx, x.s, "exp_avgs", x.i, m0, m);
+      update(ctx, x.s, "exp_avg_sqs", x.i, v0, v);
+      return b.binary("subtract", p, b.binary("multiply", full(b, step_size, p), b.binary("divide", m, denom)));
+    });
     return {};
   };
 }
 
 std::vector<Value> sgd(LoweringContext& ctx) {
   Builder& b = ctx.b;
-  const Arg& params = ctx.arg("self");
   bool weight_decay = maybe_nonzero(ctx, "weight_decay");
   const Arg& bufs = ctx.arg("momentum_buffer_list");
   bool momentum = bufs.kind == Arg::TensorList && !bufs.tensors.empty();
   bool nesterov = ctx.to_bool("nesterov", false), first = ctx.to_bool("is_first_step", false);
   Hypers hp(ctx);
-  std::map<DType, Scaling> scalings;
-  for (size_t i = 0; i < params.tensors.size(); ++i) {
-    const Value& p0 = params.tensors[i];
-    DType opmath = math_dtype(p0.dtype());
-    if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
-    const Scaling& s = scalings[opmath];
-    Value p = b.convert(p0, opmath);
-    Value g = grad_of(ctx, s, i, opmath);
-    if (weight_decay) g = b.binary("add", g, b.binary("multiply", full(b, hp("weight_decay", opmath), p), p));
+  for_each_param(ctx, [&](const Param& x) {
+    Value g = x.g;
+    if (weight_decay) g = b.binary("add", g, b.binary("multiply", full(b, hp("weight_decay", x.opmath), x.p), x.p));
     if (momentum) {
-      const Value& buf0 = bufs.tensors.at(i);
-      Value mu = full(b, hp("momentum", opmath), g);
+      const Value& buf0 = bufs.tensors.at(x.i);
+      Value mu = full(b, hp("momentum", x.opmath), g);
       Value buf = g;
       if (!first) {
-        Value damp = b.binary("subtract", b.constant(1.0, opmath), hp("dampening", opmath));
-        buf = b.binary("add", b.binary("multiply", mu, b.convert(buf0, opmath)),
+        Value damp = b.binary("subtract", b.constant(1.0, x.opmath), hp("dampening", x.opmath));
+        buf = b.binary("add", b.binary("multiply", mu, b.convert(buf0, x.opmath)),
                        b.binary("multiply", full(b, damp, g), g));
       }
-      update(ctx, s, "momentum_buffer_list", i, buf0, buf);
+      update(ctx, x.s, "momentum_buffer_list", x.i, buf0, buf);
       g = nesterov ? b.binary("add", g, b.binary("multiply", mu, buf)) : buf;
     }
-    p = b.binary("subtract", p, b.binary("multiply", full(b, hp("lr", opmath), p), g));
-    update(ctx, s, params_out(ctx), i, p0, p);
-  }
+    return b.binary("subtract", x.p, b.binary("multiply", full(b, hp("lr", x.opmath), x.p), g));
+  });
   return {};
 }
-
 
 // Adagrad: clr = lr / (1 + (step - 1) * lr_decay) in float64 from the (already
 // incremented) step; state_sum += g^2; param -= clr * g / (sqrt(state_sum) + eps).
 std::vector<Value> adagrad(LoweringContext& ctx) {
   Builder& b = ctx.b;
-  const Arg& params = ctx.arg("self");
   bool weight_decay = maybe_nonzero(ctx, "weight_decay");
   Hypers hp(ctx);
-  std::map<DType, Scaling> scalings;
-  for (size_t i = 0; i < params.tensors.size(); ++i) {
-    const Value& p0 = params.tensors[i];
-    DType opmath = math_dtype(p0.dtype());
-    if (!scalings.count(opmath)) scalings[opmath] = scaling(ctx, opmath);
-    const Scaling& s = scalings[opmath];
-    Value p = b.convert(p0, opmath);
-    Value g = grad_of(ctx, s, i, opmath);
-    if (weight_decay) g = b.binary("add", g, b.binary("multiply", p, full(b, hp("weight_decay", opmath), p)));
-    Value step = b.reshape(b.convert(element(ctx, "state_steps", i), DType::F64), {});
+  for_each_param(ctx, [&](const Param& x) {
+    Value g = x.g;
+    if (weight_decay) g = b.binary("add", g, b.binary("multiply", x.p, full(b, hp("weight_decay", x.opmath), x.p)));
+    Value step = b.reshape(b.convert(element(ctx, "state_steps", x.i), DType::F64), {});
     Value one64 = b.constant(1.0, DType::F64);
     Value decay = b.binary("add", one64, b.binary("multiply", b.binary("subtract", step, one64),
                                                   hp("lr_decay", DType::F64)));
-    Value clr = b.convert(b.binary("divide", hp("lr", DType::F64), decay), opmath);
-    const Value& sum0 = element(ctx, "state_sums", i);
-    Value sum = b.binary("add", b.convert(sum0, opmath), b.binary("multiply", g, g));
-    Value std = b.binary("add", b.unary("sqrt", sum), full(b, hp("eps", opmath), sum));
-    p = b.binary("subtract", p, b.binary("multiply", full(b, clr, p), b.binary("divide", g, std)));
-    update(ctx, s, "state_sums", i, sum0, sum);
-    update(ctx, s, params_out(ctx), i, p0, p);
-  }
+    Value clr = b.convert(b.binary("divide", hp("lr", DType::F64), decay), x.opmath);
+    const Value& sum0 = element(ctx, "state_sums", x.i);
+    Value sum = b.binary("add", b.convert(sum0, x.opmath), b.binary("multiply", g, g));
+    Value std = b.binary("add", b.unary("sqrt", sum), full(b, hp("eps", x.opmath), sum));
+    update(ctx, x.s, "state_sums", x.i, sum0, sum);
+    return b.binary("subtract", x.p, b.binary("multiply", full(b, clr, x.p), b.binary("divide", g, std)));
+  });
   return {};
 }
 
