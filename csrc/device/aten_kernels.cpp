@@ -452,6 +452,16 @@ void linalg_ex_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
       at::_linalg_check_errors((*stack)[stack->size() - rets.size() + j].toTensor(), api, is_matrix);
 }
 
+// cholesky (deprecated) as CPU composes it: the factor from linalg_cholesky_ex,
+// then a host read of info, so a matrix that is not positive-definite raises
+// at the call (the lowering's in-program check, kept for compiled graphs,
+// raised at the next host read).
+at::Tensor cholesky_checked(const at::Tensor& self, bool upper) {
+  auto [factor, info] = at::linalg_cholesky_ex(self, upper, /*check_errors=*/false);
+  at::_linalg_check_errors(info, "cholesky", self.dim() == 2);
+  return factor;
+}
+
 // nn.EmbeddingBag(sparse=True)'s backward makes a sparse gradient, which tpu
 // has not; PyTorch's Meta kernel for it (run before any lowering) fails on
 // nonzero with an unrelated message, so the refusal comes first.
@@ -633,6 +643,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* op : {"linalg_inv_ex", "linalg_inv_ex.inverse", "linalg_cholesky_ex", "linalg_cholesky_ex.L",
                          "linalg_lu_factor_ex", "linalg_lu_factor_ex.out", "_linalg_solve_ex", "_linalg_solve_ex.result"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&linalg_ex_checked>());
+  m.impl("cholesky", cholesky_checked);
   // PyTorch's CompositeExplicitAutograd mode_out accepts CPU, CUDA and XPU
   // only: the out= form takes the fallback's path as the functional one does.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&eager::lowering_fallback>());
