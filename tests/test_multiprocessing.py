@@ -78,6 +78,17 @@ def test_sending_warns_once_and_non_leaf_tensors_are_refused():
         for _ in range(2):
             ForkingPickler(io.BytesIO()).dump(torch.ones(2, device="tpu"))
     assert sum("copied" in str(w.message) for w in caught) == 1
+    # A DataLoader worker's batches: no warning.
+    red._warned = False
+    import torch.utils.data._utils.worker as worker
+    saved, worker._worker_info = worker._worker_info, object()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ForkingPickler(io.BytesIO()).dump(torch.ones(2, device="tpu"))
+    finally:
+        worker._worker_info = saved
+    assert not [w for w in caught if "copied" in str(w.message)]
     x = torch.ones(2, device="tpu", requires_grad=True) * 2
     with pytest.raises(RuntimeError, match="non-leaf tensor"):
         ForkingPickler(io.BytesIO()).dump(x)

@@ -10,7 +10,8 @@ tpu tensor is sent as a copy: its bytes travel inside the pickle (no shared
 memory file whose descriptor must outlive the send, as a spawned Process's
 arguments would need) and the receiver puts them on the same tpu device.
 Writes in one process are then not seen by the other (CUDA's IPC would share
-them); the first send in a process says so once."""
+them); the first send in a process says so once (not in DataLoader workers,
+whose batches are new tensors)."""
 import warnings
 
 import torch
@@ -21,7 +22,8 @@ _warned = False
 
 def _warn_copy():
     global _warned
-    if not _warned:
+    # A DataLoader worker's batches are new tensors nobody shares: no warning there.
+    if not _warned and torch.utils.data.get_worker_info() is None:
         _warned = True
         warnings.warn(
             "torch_pjrt: a tpu tensor sent to another process (torch.multiprocessing) is copied: PJRT "
