@@ -46,7 +46,7 @@ def test_spawned_process_gets_a_tpu_module_as_argument():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with warnings.catch_warnings(record=True):
-        p = ctx.Process(target=mp_worker.sum_module, args=(m, q))
+        p = ctx.Process(target=mp_worker.report_parameters, args=(m, q))
         p.start()
     try:
         got = q.get(timeout=TIMEOUT)

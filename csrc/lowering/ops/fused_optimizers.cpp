@@ -1,9 +1,9 @@
 // Fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_,
-// _fused_adagrad_): the whole
-// update of every parameter in one program, with the same arithmetic as
-// PyTorch's CPU fused kernels (opmath: float32 for half types; bias corrections
-// in float64). Hyper-parameters are runtime scalars, so a learning-rate
-// schedule compiles nothing new. Every list is written back with ctx.mutate.
+// _fused_adagrad_): the whole update of every parameter in one program, with
+// the same arithmetic as PyTorch's CPU fused kernels (opmath: float32 for half
+// types; bias corrections in float64). Hyper-parameters are runtime scalars,
+// so a learning-rate schedule compiles nothing new. Every list is written back
+// with ctx.mutate (the .out overloads: `out` only, see update()).
 #include <functional>
 #include <map>
 #include <utility>
