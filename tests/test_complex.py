@@ -463,3 +463,105 @@ def test_more_complex_ops_run_on_device(name, dt, no_cpu_fallback):
     z, i = cdata((4, 4), dt), torch.tensor([0, 2, 3])
     eps = torch.finfo(torch.float32 if dt == torch.complex64 else torch.float64).eps
     assert_same(f(tpu(z), tpu(i)), f(z, i), rtol=4 * eps, atol=4 * eps)
+
+
+# Ops whose complex inputs ran on the CPU fallback until session 56, each
+# equal to CPU within a few ulps of the part type on the device.
+COMPLEX_ON_DEVICE_2 = {
+    "index_add": lambda z, i: z.index_add(0, i, z[:3] * 2), "index_copy": lambda z, i: z.index_copy(0, i, z[1:]),
+    "index_fill": lambda z, i: z.index_fill(1, i, 1.5 - 2j), "scatter_add": lambda z, i: z.scatter_add(0, i[:, None].expand(3, 4), z[:3]),
+    "masked_scatter": lambda z, i: z.masked_scatter(z.real > 0, z.flip(0) * 3), "put": lambda z, i: z.put(i, z[0, :3], accumulate=True),
+    "nonzero_static": lambda z, i: torch.nonzero_static(z * (z.real > 0), size=20),
+    "eye": lambda z, i: torch.eye(3, 5, dtype=z.dtype, device=z.device) * z[0, 0],
+    "channel_shuffle": lambda z, i: torch.nn.functional.channel_shuffle(z.reshape(1, 4, 2, 2), 2),
+    "unfold": lambda z, i: torch.nn.functional.unfold(z.reshape(1, 1, 4, 4), 2),
+    "pad_reflect": lambda z, i: torch.nn.functional.pad(z[None], (2, 1), mode="reflect"),
+    "pad_replicate": lambda z, i: torch.nn.functional.pad(z[None, None], (1, 2, 2, 1), mode="replicate"),
+    "logical_and": lambda z, i: torch.logical_and(z, z * (z.imag > 0)), "logical_or": lambda z, i: torch.logical_or(z * 0, z),
+    "logical_xor": lambda z, i: torch.logical_xor(z, z * (z.real > 0)), "logical_not": lambda z, i: torch.logical_not(z * (z.real > 0)),
+    "cumprod": lambda z, i: torch.cumprod(z, 1), "addcdiv": lambda z, i: torch.addcdiv(z, z.flip(0), z + 3, value=0.5),
+    # (real ends: complex ends are complex CPU scalars, which run on the CPU)
+    "linspace": lambda z, i: torch.linspace(-2.0, 3.5, 7, dtype=z.dtype, device=z.device),
+    "logspace": lambda z, i: torch.logspace(0.5, -1, 6, dtype=z.dtype, device=z.device),
+    "var": lambda z, i: torch.var(z, 1), "std_all": lambda z, i: torch.std(z, correction=0),
+    "var_mean": lambda z, i: torch.var_mean(z, 0, keepdim=True), "std_mean": lambda z, i: torch.std_mean(z, (0, 1)),
+    "sigmoid": lambda z, i: torch.sigmoid(z), "silu": lambda z, i: torch.nn.functional.silu(z),
+    "exp2": lambda z, i: torch.exp2(z), "log2": lambda z, i: torch.log2(z), "log10": lambda z, i: torch.log10(z),
+    "sinc": lambda z, i: torch.sinc(z), "logaddexp": lambda z, i: torch.logaddexp(z, z.flip(1)),
+    "cross": lambda z, i: torch.linalg.cross(z[:, :3], z.flip(0)[:, :3]), "renorm": lambda z, i: torch.renorm(z, 2, 0, 1.0),
+    **{f: (lambda f: lambda z, i: getattr(torch, f)(z))(f) for f in ("acos", "asin", "atan", "acosh", "asinh", "atanh")},
+}
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("name", sorted(COMPLEX_ON_DEVICE_2))
+def test_complex_ops_that_fell_back_run_on_device(name, dt, no_cpu_fallback):
+    f = COMPLEX_ON_DEVICE_2[name]
+    z, i = cdata((4, 4), dt), torch.tensor([0, 2, 3])
+    eps = torch.finfo(torch.float32 if dt == torch.complex64 else torch.float64).eps
+    assert_same(f(tpu(z), tpu(i)), f(z, i), rtol=8 * eps, atol=8 * eps)
+
+
+def small_and_large_parts(dt, n=600):
+    """Complex values with one part tiny (1e-9 .. 1e-30) or of any magnitude
+    up to 30: where XLA's complex sin/cos/sinh/cosh lost the small part."""
+    rdt = torch.float32 if dt == torch.complex64 else torch.float64
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(n, dtype=rdt, generator=g) * 3
+    tiny = torch.randn(n, dtype=rdt, generator=g) * torch.logspace(-30, -9, n, dtype=rdt)
+    mag = torch.logspace(-12, 1.4, n, dtype=rdt)
+    ang = torch.rand(n, dtype=rdt, generator=g) * 6.3
+    return torch.cat([torch.complex(big, tiny), torch.complex(tiny, big), torch.polar(mag, ang)])
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+@pytest.mark.parametrize("op", ["sin", "cos", "sinh", "cosh", "sinc", "tan", "tanh", "exp2", "log2", "log10",
+                                "acos", "asin", "atan", "acosh", "asinh", "atanh"])
+def test_complex_functions_keep_small_parts(op, dt, no_cpu_fallback):
+    """Each part within 8 ulps (relative to |f(z)|) of CPU's. XLA's own complex
+    sin gave sin(1e-8j) = 0 and sinh(1e-12 - 5e-13j) a real part of 0."""
+    z = small_and_large_parts(dt)
+    f = getattr(torch, op)
+    want, got = f(z), f(tpu(z)).cpu()
+    eps = torch.finfo(torch.float32 if dt == torch.complex64 else torch.float64).eps
+    scale = want.abs().clamp_min(torch.finfo(z.real.dtype).tiny)
+    err = torch.maximum((got.real - want.real).abs(), (got.imag - want.imag).abs()) / scale
+    assert float(err.max()) <= 8 * eps, (op, complex(z[err.argmax()]), complex(want[err.argmax()]), complex(got[err.argmax()]))
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_branch_cuts_follow_signed_zeros(dt, no_cpu_fallback):
+    """On a branch cut the side comes from the sign of a zero part, as C99 and
+    CPU have it: asin(1.5 - 0j) is pi/2 - 0.96j, asinh(-0 + 2j) is -1.32 + pi/2 j."""
+    vals = [1.5 - 0j, 1.5 + 0j, -2 - 0j, -2 + 0j, complex(-0.0, 1.5), complex(0.0, 1.5), complex(-0.0, -3.0),
+            complex(0.0, -3.0), -0j, complex(-0.0, -0.0), 0.5 - 0j]
+    z = torch.tensor(vals, dtype=dt)
+    for op in ("acos", "asin", "atan", "acosh", "asinh", "atanh"):
+        f = getattr(torch, op)
+        want, got = f(z), f(tpu(z)).cpu()
+        # (the non-zero part's sign is the side; a zero part's sign CPU's own formulas vary on)
+        torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-7, equal_nan=True, msg=op)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_zero_parts_kept_beside_overflow(dt, no_cpu_fallback):
+    """A zero part stays an exact zero where the other factor overflows, as
+    glibc's csinh/ccosh give it (inf * 0 would be NaN)."""
+    z = torch.tensor([1e4 + 0j, -1e4 - 0j, 1e4j, complex(0.0, -1e4), complex(-0.0, 1e4), 0j], dtype=dt)
+    for op in ("sin", "cos", "sinh", "cosh"):
+        f = getattr(torch, op)
+        want, got = f(z), f(tpu(z)).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True, msg=op)
+        assert torch.equal(got.imag.signbit(), want.imag.signbit()) and torch.equal(got.real.signbit(), want.real.signbit()), op
+    assert torch.equal(torch.log2(tpu(torch.zeros(2, dtype=dt))).cpu(), torch.log2(torch.zeros(2, dtype=dt)))
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_logaddexp_special_values_as_cpu(dt, no_cpu_fallback):
+    """CPU's complex logaddexp: min/max by real part, NaN infectious, both
+    real parts -inf give the min, +inf give log(e^min + e^max)."""
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([complex(-inf, 1), complex(inf, 0), complex(nan, 0), complex(0, nan), 1 + 2j, complex(-inf, 0.5), 3 + 0j],
+                     dtype=dt)
+    b = torch.tensor([complex(-inf, 2), complex(inf, 0), 1 + 1j, 2 + 0j, 1 - 2j, 0j, complex(nan, 1)], dtype=dt)
+    torch.testing.assert_close(torch.logaddexp(tpu(a), tpu(b)).cpu(), torch.logaddexp(a, b), equal_nan=True)

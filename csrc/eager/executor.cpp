@@ -276,7 +276,14 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
       "linalg_vector_norm", "norm",
       // data movement and exact complex arithmetic
       "index", "_unsafe_index", "index_put", "_index_put_impl", "gather", "scatter", "take", "tril", "triu", "trace",
-      "addcmul", "lerp", "pow"};
+      "addcmul", "lerp", "pow",
+      // checked against CPU in tests/test_complex.py (complex_math.cpp: CPU's formulas where XLA's differ)
+      "index_add", "index_copy", "index_fill", "scatter_add", "masked_scatter", "put", "nonzero_static",
+      "_unsafe_index_put", "eye", "channel_shuffle", "im2col", "col2im", "reflection_pad1d", "reflection_pad2d",
+      "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "logical_and",
+      "logical_or", "logical_xor", "logical_not", "cumprod", "addcdiv", "linspace", "logspace", "std", "var",
+      "std_mean", "var_mean", "sigmoid", "silu", "exp2", "log2", "log10", "sinc", "acos", "asin", "atan", "acosh",
+      "asinh", "atanh", "logaddexp", "linalg_cross", "renorm"};
   // float8: conversions and data movement; CPU's kernels do the rest (and
   // raise CPU's NotImplementedError where it has no float8 kernel).
   static const std::set<std::string> float8_ops = {
@@ -292,7 +299,7 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   // a 0-d CPU tensor) are runtime inputs of the complex ops above; as a
   // Scalar argument only where the lowering reads it as an operand.
   static const std::set<std::string> complex_scalar_arg_ops = {
-      "fill", "masked_fill", "mul", "div", "add", "sub", "rsub", "eq", "ne", "where"};
+      "fill", "masked_fill", "mul", "div", "add", "sub", "rsub", "eq", "ne", "where", "index_fill"};
   bool complex_cpu_scalar = false;
   // A uint64 CPU scalar (a 0-d tensor, or a Python int in [2**63, 2**64)) sets
   // the result dtype only where no tpu tensor is of a non-bool dtype (x * 2**63

@@ -10,8 +10,6 @@
 
 namespace torch_pjrt::lowering::ops {
 
-Value signbit(Builder& b, const Value& x);  // unary_special.cpp
-
 namespace {
 
 struct Pair {
@@ -50,8 +48,12 @@ std::vector<Value> hypot(LoweringContext& ctx) {
 // logaddexp = m + log1p(exp(-|a - b|)) for m = max(a, b); a when a == b is
 // infinite (inf - inf would be NaN). Base 2: log1p(2^-|a - b|) / ln 2.
 std::vector<Value> logaddexp(LoweringContext& ctx, bool base2) {
-  floats_only(ctx, base2 ? "logaddexp2_cpu" : "logaddexp_cpu");
   Builder& b = ctx.b;
+  if (!base2 && is_complex(ctx.out().dtype)) {  // (CPU's complex kernel: complex_math.cpp)
+    Pair p = operands(ctx);
+    return {complex_logaddexp(b, p.a, p.o)};
+  }
+  floats_only(ctx, base2 ? "logaddexp2_cpu" : "logaddexp_cpu");
   Pair p = operands(ctx);
   Value m = b.select(b.compare(Cmp::GT, p.a, p.o), p.a, p.o);
   Value d = b.unary("negate", b.unary("abs", b.binary("subtract", p.a, p.o)));

@@ -34,6 +34,23 @@ Value erf(Builder& b, const Value& x);
 // rounded as CPU's hypot (hypot.cpp).
 Value hypot_as_cpu(Builder& b, const Value& x, const Value& y);
 Value complex_abs(Builder& b, const Value& z);
+// The sign bit of a float (true for -0.0 and negative NaNs); x < 0 for integers.
+Value signbit(Builder& b, const Value& x);
+// sinh/cosh of a real float within about 1.5 ulp (unary_special.cpp).
+Value real_sinh_or_cosh(Builder& b, const Value& x, bool cosh);
+
+// Complex parts and complex functions as PyTorch's CPU computes them (complex_math.cpp).
+Value real_part(Builder& b, const Value& z);
+Value imag_part(Builder& b, const Value& z);
+Value make_complex(Builder& b, const Value& re, const Value& im);
+Value complex_sin_or_cos(Builder& b, const Value& z, bool cos);
+Value complex_sinh_or_cosh(Builder& b, const Value& z, bool cosh);
+Value complex_exp2(Builder& b, const Value& z);
+Value complex_log_base(Builder& b, const Value& z, double ln_base);  // log2, log10
+Value complex_logaddexp(Builder& b, const Value& x, const Value& y);
+// chlo.asin/acos/... of z with the branch cut's side from z's signed zeros;
+// `odd`: f(-z) = -f(z) (asin, asinh, atan, atanh).
+Value complex_inverse_trig(Builder& b, const Value& z, const std::string& chlo, bool odd);
 // gelu of `x` in x's dtype: exact (erf) or the tanh approximation.
 Value gelu_value(Builder& b, const Value& x, bool tanh_approximation);
 // Numerically stable softmax (or log_softmax) of `x` along `dim`, in x's dtype:

@@ -110,14 +110,16 @@ std::vector<Value> logspace(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
   int64_t n = out.numel();
   if (n == 0) return {b.zeros(out)};
-  bool integral = !is_float(out.dtype);
+  // (complex: computed as its part type, real ends)
+  DType et = real_dtype(out.dtype);
+  bool integral = !is_float(et);
   DType wt = integral ? DType::F32 : DType::F64;
   double base = ctx.to_double("base", 10.0);
   auto endpoint = [&](const char* name) {
     const Arg& a = ctx.arg(name);
     bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||
                       (a.kind == Arg::Tensor && !is_float(a.tensor.dtype()));
-    Value v = b.convert(b.reshape(ctx.operand(name, int_scalar ? DType::I64 : DType::F64), {}), out.dtype);
+    Value v = b.convert(b.reshape(ctx.operand(name, int_scalar ? DType::I64 : DType::F64), {}), et);
     return v;  // in the output type
   };
   Value start_t = endpoint("start"), end_t = endpoint("end");

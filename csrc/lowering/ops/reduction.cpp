@@ -155,19 +155,14 @@ std::vector<Value> argmax_argmin(LoweringContext& ctx, bool is_max) {
 // The mean is taken of the values shifted by each reduced slice's first
 // element, so a constant slice has a mean of exactly its value and a variance
 // of exactly 0, as CPU's Welford gives (std's gradient there is then 0, not
-// that of sqrt at 1e-15).
-std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
-  Builder& b = ctx.b;
-  DType out = ctx.out().dtype, acc = acc_dtype(out);
-  Value x = b.convert(ctx.tensor("self"), acc);
-  auto dims = reduced_dims(ctx, x);
-  double n = double(count(x, dims));
-  double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
-                                            : (ctx.to_bool("unbiased", true) ? 1 : 0);
-  if (n - correction <= 0)  // CPU's warning (ReduceOps.cpp), e.g. "std_mean(): ..."
-    ctx.warn(ctx.op + "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
-             "factor (input numel divided by output numel).");
-  Value zero = b.constant(0.0, acc);
+// that of sqrt at 1e-15). Complex: CPU's, each part's variance summed and the
+// mean made of the parts' means.
+struct Moments {
+  Value var, mean;  // var before any sqrt; mean as CPU's Welford gives it
+};
+
+Moments moments(Builder& b, const Value& x, const std::vector<int64_t>& dims, double n, double correction) {
+  Value zero = b.constant(0.0, x.dtype());
   Value mean;
   if (n > 0) {
     Shape start(static_cast<size_t>(x.rank()), 0), limit = x.shape(), kept;
@@ -186,13 +181,38 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   }
   Value d = b.binary("subtract", x, unreduce(b, mean, x, dims));
   Value ss = b.reduce(b.binary("multiply", d, d), zero, dims, "stablehlo.add");
-  Value r = b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss));
-  if (sqrt) r = b.unary("sqrt", r);
-  std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
   // CPU's Welford mean is nan wherever the variance is (an inf among the
   // values, then another value), except over one value: that value itself.
-  if (with_mean)
-    res.push_back(b.reshape(n == 1 ? mean : b.select(b.compare(Cmp::NE, ss, ss), ss, mean), ctx.out(1).shape));
+  if (n != 1) mean = b.select(b.compare(Cmp::NE, ss, ss), ss, mean);
+  return {b.binary("divide", ss, splat_like(b, std::max(n - correction, 0.0), ss)), mean};
+}
+
+std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
+  Builder& b = ctx.b;
+  DType out = ctx.out().dtype, acc = acc_dtype(out);
+  const Value& self = ctx.tensor("self");
+  bool complex = is_complex(self.dtype());
+  auto dims = reduced_dims(ctx, self);
+  double n = double(count(self, dims));
+  double correction = ctx.has("correction") ? ctx.to_double("correction", 1)
+                                            : (ctx.to_bool("unbiased", true) ? 1 : 0);
+  if (n - correction <= 0)  // CPU's warning (ReduceOps.cpp), e.g. "std_mean(): ..."
+    ctx.warn(ctx.op + "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+             "factor (input numel divided by output numel).");
+  Value r, mean;
+  if (complex) {
+    Moments re = moments(b, b.convert(real_part(b, self), acc), dims, n, correction);
+    Moments im = moments(b, b.convert(imag_part(b, self), acc), dims, n, correction);
+    r = b.binary("add", re.var, im.var);
+    mean = make_complex(b, re.mean, im.mean);
+  } else {
+    Moments m = moments(b, b.convert(self, acc), dims, n, correction);
+    r = m.var;
+    mean = m.mean;
+  }
+  if (sqrt) r = b.unary("sqrt", r);
+  std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
+  if (with_mean) res.push_back(b.reshape(mean, ctx.out(1).shape));
   return res;
 }
 
@@ -248,12 +268,14 @@ std::vector<Value> renorm(LoweringContext& ctx) {
   for (int64_t d = 0; d < self.rank(); ++d)
     if (d != dim) dims.push_back(d);
   double p = ctx.to_double("p", 2.0), maxnorm = ctx.to_double("maxnorm", 1.0);
-  Value a = b.unary("abs", b.convert(self, acc));
-  Value norm = b.convert(std::isinf(p) ? max_or_min(b, a, dims, p > 0) : finite_p_norm(b, a, dims, p, acc), t);
+  // (complex: the norm of |z| in the part type; the factor scales both parts)
+  DType rt = real_dtype(t), racc = real_dtype(acc);
+  Value a = is_complex(t) ? complex_abs(b, self) : b.unary("abs", b.convert(self, acc));
+  Value norm = b.convert(std::isinf(p) ? max_or_min(b, a, dims, p > 0) : finite_p_norm(b, a, dims, p, racc), rt);
   auto f64 = [&](const Value& v) { return b.convert(v, DType::F64); };
-  Value eps = b.convert(b.convert(b.splat(Scalar::from_float(1e-7), {DType::F64, norm.shape()}), t), acc);
-  Value shifted = f64(b.convert(b.binary("add", b.convert(norm, acc), eps), t));  // norm + eps in self's dtype
-  Value factor = b.convert(b.binary("divide", splat_like(b, maxnorm, shifted), shifted), t);
+  Value eps = b.convert(b.convert(b.splat(Scalar::from_float(1e-7), {DType::F64, norm.shape()}), rt), racc);
+  Value shifted = f64(b.convert(b.binary("add", b.convert(norm, racc), eps), rt));  // norm + eps in self's dtype
+  Value factor = b.convert(b.binary("divide", splat_like(b, maxnorm, shifted), shifted), rt);
   factor = b.select(b.compare(Cmp::GT, f64(norm), splat_like(b, maxnorm, f64(norm))), factor, splat_like(b, 1, factor));
   Value scaled = b.binary("multiply", b.convert(self, acc), b.broadcast_in_dim(b.convert(factor, acc), self.shape(), {dim}));
   return {b.convert(scaled, ctx.out().dtype)};

@@ -22,12 +22,6 @@ Value reciprocal(Builder& b, const Value& x) {
   return b.binary("divide", splat_like(b, 1, x), x);
 }
 
-Value real_part(Builder& b, const Value& x) {
-  return b.op("stablehlo.real", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
-}
-Value imag_part(Builder& b, const Value& x) {
-  return b.op("stablehlo.imag", {x}, TensorType{real_dtype(x.dtype()), x.shape()});
-}
 
 // abs/neg/sign/ceil/floor/round/trunc keep the input dtype (ints included).
 std::vector<Value> abs(LoweringContext& ctx) {
@@ -70,7 +64,7 @@ std::vector<Value> polar(LoweringContext& ctx) {
 }
 
 // complex(real, imag).
-std::vector<Value> make_complex(LoweringContext& ctx) {
+std::vector<Value> complex_op(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
   Value re = b.broadcast_to(ctx.tensor("real"), out.shape), im = b.broadcast_to(ctx.tensor("imag"), out.shape);
@@ -352,12 +346,21 @@ static const bool registered = [] {
   simple("sqrt", "sqrt");
   simple("rsqrt", "rsqrt");
   simple("tanh", "tanh");
-  simple("sin", "sine");
-  simple("cos", "cosine");
   simple("tan", "tan");
   return true;
 }();
 
+// (complex: XLA's forms lose the small part, complex_math.cpp)
+TORCH_PJRT_LOWERING("sin", [](LoweringContext& c) {
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_sin_or_cos(b, x, false) : b.unary("sine", x);
+  });
+});
+TORCH_PJRT_LOWERING("cos", [](LoweringContext& c) {
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_sin_or_cos(b, x, true) : b.unary("cosine", x);
+  });
+});
 TORCH_PJRT_LOWERING("erf", [](LoweringContext& c) { return float_unary(c, erf); });
 TORCH_PJRT_LOWERING("reciprocal", [](LoweringContext& c) { return float_unary(c, reciprocal); });
 TORCH_PJRT_LOWERING("pow", pow);
@@ -365,7 +368,7 @@ TORCH_PJRT_LOWERING("abs", abs);
 TORCH_PJRT_LOWERING("angle", angle);
 TORCH_PJRT_LOWERING("conj_physical", conj_physical);
 TORCH_PJRT_LOWERING("_conj_physical", conj_physical);
-TORCH_PJRT_LOWERING("complex", make_complex);
+TORCH_PJRT_LOWERING("complex", complex_op);
 TORCH_PJRT_LOWERING("polar", polar);
 TORCH_PJRT_LOWERING("neg", neg);
 TORCH_PJRT_LOWERING("sign", sign);

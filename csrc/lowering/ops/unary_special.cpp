@@ -11,14 +11,17 @@
 
 namespace torch_pjrt::lowering::ops {
 
-Value signbit(Builder& b, const Value& x);  // below (binary_math.cpp uses it too)
 
 namespace {
 
-void chlo_unary(const char* aten, const char* chlo) {
+// (complex: the branch cut's side from z's signed zeros, complex_math.cpp;
+// `odd`: f(-z) = -f(z))
+void chlo_unary(const char* aten, const char* chlo, bool odd = false) {
   std::string name = chlo;
-  register_lowering(aten, [name](LoweringContext& c) {
-    return float_unary(c, [&](Builder& b, const Value& x) { return b.op(name, {x}, x.type); });
+  register_lowering(aten, [name, odd](LoweringContext& c) {
+    return float_unary(c, [&](Builder& b, const Value& x) {
+      return is_complex(x.dtype()) ? complex_inverse_trig(b, x, name, odd) : b.op(name, {x}, x.type);
+    });
   }, false, __FILE__);
 }
 
@@ -36,6 +39,7 @@ DType bits_dtype(DType t) {
 // (log2(8).floor() must be 3), and no cancellation near 1. Zero, negatives,
 // inf, NaN and subnormals take log(x) / ln 2, which is right for them.
 Value log2(Builder& b, const Value& x) {
+  if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN2);
   bool f64 = x.dtype() == DType::F64;
   int mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127;
   DType it = f64 ? DType::I64 : DType::I32;
@@ -61,16 +65,21 @@ Value log2(Builder& b, const Value& x) {
 }
 
 Value log10(Builder& b, const Value& x) {
+  if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN10);
   return b.binary("divide", b.unary("log", x), splat_like(b, M_LN10, x));
 }
 
 // 2^x as pow(2, x): exact at integers, where exp(x ln 2) is not.
-Value exp2(Builder& b, const Value& x) { return b.binary("power", splat_like(b, 2, x), x); }
+Value exp2(Builder& b, const Value& x) {
+  if (is_complex(x.dtype())) return complex_exp2(b, x);
+  return b.binary("power", splat_like(b, 2, x), x);
+}
 
 // sinc(x) = sin(pi x) / (pi x), 1 at 0, the product rounded as on CPU.
 Value sinc(Builder& b, const Value& x) {
   Value px = b.binary("multiply", x, splat_like(b, M_PI, x));
-  Value r = b.binary("divide", b.unary("sine", px), px);
+  Value sin = is_complex(x.dtype()) ? complex_sin_or_cos(b, px, false) : b.unary("sine", px);
+  Value r = b.binary("divide", sin, px);
   return b.select(b.compare(Cmp::EQ, x, splat_like(b, 0, x)), splat_like(b, 1, x), r);
 }
 
@@ -217,17 +226,14 @@ Value signbit(Builder& b, const Value& x) {
   return b.compare(Cmp::LT, b.bitcast_convert(x, it), b.zeros(it));
 }
 
-namespace {
-
 // sinh and cosh. CHLO's are up to 5-12 ulp off for |x| > 5 (an exp of
 // |x| - log 2, whose rounded argument carries |x|'s ulp). For |x| > 1:
 // (e^|x| +- e^-|x|) / 2 with exact arguments, and near overflow, where
 // e^-|x| no longer counts, (e^(|x|/2) / 2) e^(|x|/2). About 1.5 ulp.
 // (CPU's float32 cosh overflows from 88.72; this one, as the true value,
 // from 89.42.)
-Value sinh_or_cosh(Builder& b, const Value& x, bool cosh) {
+Value real_sinh_or_cosh(Builder& b, const Value& x, bool cosh) {
   Value r = b.op(cosh ? "chlo.cosh" : "chlo.sinh", {x}, x.type);
-  if (is_complex(x.dtype())) return r;  // (CHLO's complex form)
   bool f64 = x.dtype() == DType::F64;
   Value ax = b.unary("abs", x), half = splat_like(b, 0.5, x);
   Value both = b.binary(cosh ? "add" : "subtract", b.unary("exponential", ax),
@@ -239,13 +245,15 @@ Value sinh_or_cosh(Builder& b, const Value& x, bool cosh) {
   return b.select(b.compare(Cmp::GT, ax, splat_like(b, 1.0, x)), big, r);
 }
 
+namespace {
+
 const bool registered = [] {
-  chlo_unary("asin", "chlo.asin");
+  chlo_unary("asin", "chlo.asin", true);
   chlo_unary("acos", "chlo.acos");
-  chlo_unary("atan", "chlo.atan");
-  chlo_unary("asinh", "chlo.asinh");
+  chlo_unary("atan", "chlo.atan", true);
+  chlo_unary("asinh", "chlo.asinh", true);
   chlo_unary("acosh", "chlo.acosh");
-  chlo_unary("atanh", "chlo.atanh");
+  chlo_unary("atanh", "chlo.atanh", true);
   chlo_unary("erfc", "chlo.erfc");
   chlo_unary("erfinv", "chlo.erf_inv");
   return true;
@@ -253,10 +261,14 @@ const bool registered = [] {
 }  // namespace
 
 TORCH_PJRT_LOWERING("sinh", [](LoweringContext& c) {
-  return float_unary(c, [](Builder& b, const Value& x) { return sinh_or_cosh(b, x, false); });
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_sinh_or_cosh(b, x, false) : real_sinh_or_cosh(b, x, false);
+  });
 });
 TORCH_PJRT_LOWERING("cosh", [](LoweringContext& c) {
-  return float_unary(c, [](Builder& b, const Value& x) { return sinh_or_cosh(b, x, true); });
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_sinh_or_cosh(b, x, true) : real_sinh_or_cosh(b, x, true);
+  });
 });
 TORCH_PJRT_LOWERING("log2", [](LoweringContext& c) { return float_unary(c, log2); });
 TORCH_PJRT_LOWERING("log10", [](LoweringContext& c) { return float_unary(c, log10); });
