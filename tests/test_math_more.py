@@ -708,3 +708,44 @@ def test_nonzero_static_as_cpu(no_cpu_fallback):
             for fill in (-1, 7):
                 assert_same(torch.nonzero_static(tpu(x), size=size, fill_value=fill),
                             torch.nonzero_static(x, size=size, fill_value=fill))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+def test_lgamma_near_its_zeros_and_up_to_eight(dt, no_cpu_fallback):
+    """lgamma within 2 ulps of the float64 value (relative) on [0, 8), exactly
+    0 at 1 and 2. CHLO's form gave lgamma(1) = 4.8e-7 and lgamma(0.9999)
+    1.6% off in float32, and 11-51 ulps on [0.1, 0.5) and [2.5, 5)."""
+    x = torch.cat([torch.linspace(1e-4, 8, 20000), torch.tensor([1.0, 2.0, 0.9999, 1.0001, 1.9999, 2.0001, 0.5, 1.5, 2.5])])
+    x = x.to(dt)
+    got = torch.lgamma(tpu(x)).cpu()
+    assert torch.equal(got[-9:-7], torch.zeros(2, dtype=dt)) and not got[-9:-7].signbit().any()
+    ref = torch.tensor([math.lgamma(v) for v in x.double().tolist()], dtype=torch.float64)
+    err = (got.double() - ref).abs() / (ref.abs() * torch.finfo(dt).eps)
+    # (the half types: the float32 result rounded once, as CPU rounds it)
+    assert float(err.nan_to_num(0).max()) <= (2 if dt == torch.float32 else 1), float(x[err.argmax()])
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64])
+def test_ldexp_scales_without_overflowing_the_power(dt, no_cpu_fallback):
+    """ldexp of an integer exponent is self * 2^other rounded once, as CPU's
+    std::ldexp: 1e-30 * 2^150 is 1.4e15, 0 * 2^200 is 0 (PyTorch's composite,
+    self * pow(2, other), made inf and NaN). Integer self: CPU's self *
+    pow(2.0, other), NaN at 0 * 2^200 included. (No subnormal results: XLA
+    flushes them.)"""
+    x = torch.tensor([1e-30, 0.0, -INF, 3.0, -2.5, 1e30, 1.0, NAN, 7.0, -0.0, 5.0]).to(dt)
+    for e in ([150, 200, -200, 2, -3, -250, 40, 5, -20, 3000, 127],
+              [1000, -1000, 3000, -3000, 1, 0, -1, 1100, 60, -5, -127]):
+        e = torch.tensor(e)
+        want, got = torch.ldexp(x, e), torch.ldexp(tpu(x), tpu(e))
+        keep = want.abs() >= torch.finfo(want.dtype).tiny
+        keep |= (want == 0) | want.isnan() | want.isinf()
+        assert_same(got[tpu(keep)], want[keep], rtol=0, atol=0)
+    y = tpu(torch.tensor([1.5, -3.0]))
+    assert_same(y.ldexp_(tpu(torch.tensor([300, -2]))), torch.tensor([1.5, -3.0]).ldexp_(torch.tensor([300, -2])))
+
+
+def test_ldexp_of_a_float_exponent_is_cpus_power(dt=torch.float32):
+    """A float exponent takes CPU's self * pow(2, other) (2^2.5 is not a
+    power of two); it runs on the CPU fallback."""
+    x, e = torch.randn(6), torch.tensor([1.5, -2.25, 0.0, 3.0, 130.0, -0.5])
+    assert_same(torch.ldexp(tpu(x), tpu(e)), torch.ldexp(x, e))

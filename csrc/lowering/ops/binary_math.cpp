@@ -151,9 +151,46 @@ std::vector<Value> cross(LoweringContext& ctx) {
   return {b.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim)};
 }
 
+// ldexp(self, other) of an integer `other`: self * 2^other rounded once, as
+// CPU's std::ldexp. (PyTorch's composite, self * pow(2, other), overflows
+// 2^other first: 1e-30 * 2^150 was inf, 0 * 2^200 NaN.) The exponent,
+// clamped to where every result has saturated, is applied as three powers of
+// two that are each a normal number. (A float `other` takes that composite on
+// the CPU, as CPU's kernel does: lowering_handles_dtypes.)
+std::vector<Value> ldexp(LoweringContext& ctx) {
+  Builder& b = ctx.b;
+  const TensorType& out = ctx.out();
+  DType dt = math_dtype(out.dtype);
+  bool f64 = dt == DType::F64;
+  int mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127, limit = f64 ? 2100 : 300;
+  DType it = f64 ? DType::I64 : DType::I32;
+  Value x = operand_as(ctx, "self", dt, out.shape);
+  Value o = operand_as(ctx, "other", DType::I64, out.shape);
+  Value e = b.convert(b.op("stablehlo.clamp", {splat_like(b, -limit, o), o, splat_like(b, limit, o)}, o.type), it);
+  auto k = [&](int64_t v) { return b.splat(Scalar::from_int(v), TensorType{it, out.shape}); };
+  auto pow2 = [&](const Value& part) {  // 2^part for part in the normal exponents
+    return b.bitcast_convert(b.op("stablehlo.shift_left", {b.binary("add", part, k(bias)), k(mant)}, part.type),
+                             TensorType{dt, out.shape});
+  };
+  Value e1 = b.binary("divide", e, k(3));
+  Value e2 = b.binary("divide", b.binary("subtract", e, e1), k(2));
+  Value e3 = b.binary("subtract", b.binary("subtract", e, e1), e2);
+  Value r = b.binary("multiply", b.binary("multiply", b.binary("multiply", x, pow2(e1)), pow2(e2)), pow2(e3));
+  if (!is_float(ctx.tensor("self").dtype())) {
+    // CPU's kernel for an integer self: self * pow(2.0, other) in float32,
+    // where 2^other is inf above 2^127 (0 * 2^200 is NaN) and 0 below 2^-149.
+    Value p2 = b.select(b.compare(Cmp::GT, o, splat_like(b, bias, o)), splat_like(b, INFINITY, x),
+                        b.select(b.compare(Cmp::LT, o, splat_like(b, -bias - mant + 1, o)), splat_like(b, 0, x),
+                                 splat_like(b, 1, x)));
+    r = b.select(b.compare(Cmp::EQ, p2, splat_like(b, 1, x)), r, b.binary("multiply", x, p2));
+  }
+  return {b.convert(r, out.dtype)};
+}
+
 }  // namespace
 
 TORCH_PJRT_LOWERING("linalg_cross", cross);
+TORCH_PJRT_LOWERING("ldexp", ldexp);
 TORCH_PJRT_LOWERING("atan2", atan2);
 TORCH_PJRT_LOWERING("arctan2", atan2);
 TORCH_PJRT_LOWERING("hypot", hypot);

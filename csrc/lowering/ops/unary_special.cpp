@@ -94,9 +94,57 @@ Value digamma(Builder& b, const Value& x) {
   return b.select(at_zero, signed_inf, r);
 }
 
-// lgamma: +inf at 0 and the non-positive integers, and at -inf.
+// zeta(k) - 1 for k >= 2 to double precision: the sum below N and
+// Euler-Maclaurin's tail from N.
+double zeta_minus_one(int k) {
+  const double N = 32;
+  double s = 0;
+  for (int n = 2; n < N; ++n) s += std::pow(n, -k);
+  double nk = std::pow(N, -k);
+  return s + N * nk / (k - 1) + nk / 2 + k * nk / N / 12 - double(k) * (k + 1) * (k + 2) * nk / (N * N * N) / 720;
+}
+
+// lgamma(1 + e) (or lgamma(2 + e) = lgamma(1 + e) + log1p(e)) for |e| <= 1/2
+// by its Taylor series: -gamma e + sum_k (-1)^k zeta(k) / k e^k (zeta(k) - 1
+// and 1 - gamma for 2 + e), exact at 0 and accurate relative to the result
+// near lgamma's zeros at 1 and 2, where CHLO's Lanczos form cancels
+// (lgamma(1.0) was 4.8e-7 in float32, lgamma(0.9999) 1.6% off).
+Value lgamma_near_one_or_two(Builder& b, const Value& e, bool two) {
+  const double euler_gamma = 0.57721566490153286061;
+  const int terms = 28;  // (the rest is below 1e-9 of the result for |e| <= 1/2)
+  Value r = splat_like(b, 0, e);
+  for (int k = terms; k >= 2; --k) {
+    double c = (zeta_minus_one(k) + (two ? 0 : 1)) / k * (k % 2 ? -1 : 1);
+    r = b.binary("multiply", b.binary("add", r, splat_like(b, c, e)), e);
+  }
+  r = b.binary("add", r, splat_like(b, two ? 1 - euler_gamma : -euler_gamma, e));
+  Value zero = splat_like(b, 0, e);  // (+0 at the zeros, as CPU; -gamma * 0 is -0)
+  return b.select(b.compare(Cmp::EQ, e, zero), zero, b.binary("multiply", r, e));
+}
+
+// lgamma: +inf at 0 and the non-positive integers, and at -inf. Float32
+// (and the half types, computed in it) on [0, 8) from the series: below 1/2
+// as lgamma(1 + x) - log x, above 5/2 by the recurrence down to [3/2, 5/2)
+// (lgamma(x) = lgamma(x - n) + log((x - 1)...(x - n))): within 2 ulp there,
+// where CHLO's form was 11-51 ulp off.
 Value lgamma(Builder& b, const Value& x) {
   Value r = b.op("chlo.lgamma", {x}, x.type);
+  if (x.dtype() == DType::F32) {
+    auto k = [&](double v) { return splat_like(b, v, x); };
+    auto in = [&](double lo, double hi) {
+      return b.binary("and", b.compare(Cmp::GE, x, k(lo)), b.compare(Cmp::LT, x, k(hi)));
+    };
+    Value small = b.binary("subtract", lgamma_near_one_or_two(b, x, false), b.unary("log", x));
+    Value near_one = lgamma_near_one_or_two(b, b.binary("subtract", x, k(1)), false);
+    // x - n in [3/2, 5/2) for x in [3/2, 8): n = floor(x - 3/2) steps down
+    Value n = b.unary("floor", b.binary("subtract", x, k(1.5)));
+    Value prod = k(1);
+    for (int i = 1; i <= 6; ++i)
+      prod = b.select(b.compare(Cmp::GE, n, k(i)), b.binary("multiply", prod, b.binary("subtract", x, k(i))), prod);
+    Value up = b.binary("add", lgamma_near_one_or_two(b, b.binary("subtract", b.binary("subtract", x, n), k(2)), true),
+                        b.unary("log", prod));
+    r = b.select(in(0, 0.5), small, b.select(in(0.5, 1.5), near_one, b.select(in(1.5, 8), up, r)));
+  }
   Value pole = b.binary("and", b.compare(Cmp::LE, x, splat_like(b, 0, x)), b.compare(Cmp::EQ, x, b.unary("floor", x)));
   return b.select(pole, splat_like(b, INFINITY, x), r);
 }
