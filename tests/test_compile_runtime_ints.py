@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torch_pjrt
+from conftest import run_json
 
 TABLE = torch.randn(128, 8)
 
@@ -192,3 +193,34 @@ def test_batches_sliced_by_an_int_compile_one_program_per_batch_size():
         torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-6)
     # forward and backward: the first (static) call, then one per batch size
     assert _graphs() - before <= 6, _graphs() - before
+
+
+def test_runtime_ints_under_the_default_device_tpu():
+    """Under torch.set_default_device("tpu") (or `with torch.device("tpu")`),
+    a compiled graph's runtime ints still go in as a host pack: a bare
+    torch.tensor() of them was a tpu tensor, whose handle the upload read as
+    host memory (a segfault at a batch-size change, or with dynamic=True).
+    In a child process, so a crash fails this test only."""
+    code = """
+import json, torch, torch_pjrt
+out = {}
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 2)
+x4, x3 = torch.randn(4, 8), torch.randn(3, 8)
+want = [m(x4).tolist(), m(x3).tolist()]
+cm = torch.compile(m.to("tpu"), backend="tpu")
+with torch.device("tpu"):
+    out["module"] = [cm(x4.to("tpu")).cpu().tolist(), cm(x3.to("tpu")).cpu().tolist()]
+torch.set_default_device("tpu")
+f = torch.compile(lambda x, n: x[:n] * n, backend="tpu", dynamic=True)
+out["dynamic"] = [f(torch.arange(5.0), 3).cpu().tolist(), f(torch.arange(6.0), 4).cpu().tolist()]
+torch.set_default_device("cpu")
+out["after"] = f(torch.arange(5.0, device="tpu"), 2).cpu().tolist()
+print("RESULT " + json.dumps({"out": out, "want": want}))
+"""
+    r = run_json(code)
+    got, want = r["out"], r["want"]
+    for a, b in zip(got["module"], want):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+    assert got["dynamic"] == [[0.0, 3.0, 6.0], [0.0, 4.0, 8.0, 12.0]]
+    assert got["after"] == [0.0, 2.0]

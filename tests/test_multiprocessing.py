@@ -94,3 +94,22 @@ def test_sending_warns_once_and_non_leaf_tensors_are_refused():
         ForkingPickler(io.BytesIO()).dump(x)
     # CPU tensors keep torch's own (shared memory) path
     assert ForkingPickler._extra_reducers[torch.Tensor](torch.ones(2))[0].__module__ == "torch.multiprocessing.reductions"
+
+
+def test_pickling_under_the_default_device_tpu():
+    """ForkingPickler's reducers build their host copies on the CPU even under
+    `with torch.device("tpu")` (a bare torch.empty() there is a tpu tensor,
+    and setting it to a CPU storage raised)."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+    t = torch.arange(6.0).reshape(2, 3).to("tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("tpu"):
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump((t, t.untyped_storage(), torch.empty(0, 4, device="tpu")))
+            back, storage, empty = pickle.loads(buf.getvalue())
+    assert back.device.type == "tpu" and torch.equal(back.cpu(), t.cpu())
+    assert storage.device.type == "tpu" and storage.nbytes() == 24
+    assert empty.device.type == "tpu" and empty.shape == (0, 4)

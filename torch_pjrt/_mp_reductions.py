@@ -37,7 +37,7 @@ def _to_bytes(host):
 
 def _from_bytes(data, dtype, shape):
     if not data:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device="cpu")
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
@@ -73,7 +73,7 @@ def _reduce_storage(original):
         if storage.device.type != "tpu":
             return original(storage)
         _warn_copy()
-        host = torch.empty(0, dtype=torch.uint8).set_(storage.cpu())
+        host = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage.cpu())
         return (rebuild_tpu_storage, (_to_bytes(host), storage.device))
     reduce_storage._torch_pjrt_tpu_copy = True
     return reduce_storage

@@ -355,9 +355,11 @@ int graph_device(const std::vector<at::Tensor>& inputs, int fallback) {
   return device < 0 ? fallback : device;
 }
 
-// A CPU tensor's elements, dense, as a device buffer.
+// A CPU tensor's elements, dense, as a device buffer. (A tpu tensor where a
+// CPU one belongs is brought to the host first: its data_ptr is a handle,
+// not host memory; such an int pack under set_default_device("tpu") crashed.)
 runtime::BufferPtr upload(const at::Tensor& t, int device) {
-  at::Tensor c = t.contiguous();
+  at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
   return runtime::Runtime::get().buffer_from_host(c.data_ptr(), device::to_pjrt(device::to_dtype(c.scalar_type())),
                                                   {c.numel()}, device);
 }

@@ -700,7 +700,8 @@ def int_pack(args, runtime_ints):
     if pack is None:
         if len(_PACKS) >= 1024:
             _PACKS.clear()
-        pack = _PACKS[values] = torch.tensor(values, dtype=torch.int64)
+        # (device: under torch.set_default_device("tpu") a bare tensor() is a tpu tensor)
+        pack = _PACKS[values] = torch.tensor(values, dtype=torch.int64, device="cpu")
     return pack
 
 
