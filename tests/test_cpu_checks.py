@@ -400,3 +400,33 @@ def test_out_overlapping_an_input_raises_as_cpu(name, fn):
         with pytest.raises(RuntimeError, match=OVERLAP):
             fn(x, torch.tensor([0, 2, 1], device=dev))
 
+
+
+COMPILED_ARGUMENT_ERRORS = [
+    # (function, input, CPU's exception type, message part): checks CPU's
+    # kernels (or Meta functions compiled graphs skip) make on constant
+    # arguments, made by the lowerings so compiled graphs raise them too.
+    (lambda t: t ** -1, torch.tensor([1, 2, -1]), RuntimeError, "negative integer powers"),
+    (lambda t: t.pow(-2), torch.tensor([7], dtype=torch.uint8), RuntimeError, "negative integer powers"),
+    (lambda t: t.clone().fill_(300), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
+    (lambda t: torch.full((2,), 300, dtype=torch.int8, device=t.device) + t[:2], torch.zeros(3, dtype=torch.int8),
+     RuntimeError, "int8_t without overflow"),
+    (lambda t: t.masked_fill(t == 0, -200), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
+    (lambda t: t.index_fill(0, torch.tensor([0], device=t.device), 300), torch.zeros(3, dtype=torch.int8),
+     RuntimeError, "int8_t without overflow"),
+    (lambda t: t[:0].min(0), torch.ones(3, 2), IndexError, "Expected reduction dim 0 to have non-zero size"),
+    (lambda t: t[:, :0].max(1), torch.ones(3, 2), IndexError, "Expected reduction dim 1 to have non-zero size"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(COMPILED_ARGUMENT_ERRORS)))
+def test_compiled_graphs_raise_cpus_argument_errors(case):
+    """Compiled, these gave values (int ** -1 was [1, 0, -1], uint8 7 ** -1
+    183, int8 fill_(300) 44, an empty min (inf, 0)) where CPU and eager tpu
+    raise."""
+    fn, x, exc, part = COMPILED_ARGUMENT_ERRORS[case]
+    with pytest.raises(exc, match=part):
+        fn(x)
+    torch._dynamo.reset()
+    with pytest.raises(exc, match=part):
+        torch.compile(fn, backend="tpu")(x.to("tpu"))

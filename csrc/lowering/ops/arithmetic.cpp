@@ -131,6 +131,7 @@ std::vector<Value> copy(LoweringContext& ctx) {
 
 // fill_(self, value): value may be a Scalar or a 0-d tensor.
 std::vector<Value> fill(LoweringContext& ctx) {
+  check_scalar_fits(ctx, "value", ctx.out().dtype);
   return {ctx.b.broadcast_to(ctx.operand("value", ctx.out().dtype), ctx.out().shape)};
 }
 

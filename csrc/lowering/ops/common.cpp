@@ -1,6 +1,7 @@
 #include "lowering/ops/common.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace torch_pjrt::lowering::ops {
@@ -117,6 +118,36 @@ std::pair<double, double> integer_range(DType t) {
   int bits = 8 * int(itemsize(t));
   if (is_unsigned(t)) return {0.0, std::ldexp(1.0, bits) - 1};
   return {-std::ldexp(1.0, bits - 1), std::ldexp(1.0, bits - 1) - 1};
+}
+
+namespace {
+// The C++ type CPU's overflow message names ("int8_t", "c10::Half").
+const char* cpp_type_name(DType t) {
+  switch (t) {
+    case DType::I8: return "int8_t";
+    case DType::I16: return "int16_t";
+    case DType::I32: return "int";
+    case DType::I64: return "int64_t";
+    case DType::U8: return "uint8_t";
+    default: return dtype_name(t);
+  }
+}
+}  // namespace
+
+void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t) {
+  // (TORCH_PJRT_CPU_CHECKS=off, eager's escape hatch from CPU's checks, skips this one too)
+  static const bool enabled = [] {
+    const char* v = std::getenv("TORCH_PJRT_CPU_CHECKS");
+    return !v || std::string(v) != "off";
+  }();
+  const Arg* a = ctx.find(name);
+  if (!enabled || !a || (a->kind != Arg::Int && a->kind != Arg::Float)) return;
+  if (!is_integral(t, /*include_bool=*/false) || itemsize(t) >= 8) return;
+  auto [lo, hi] = integer_range(t);
+  if (a->kind == Arg::Int && is_unsigned(t)) lo = -hi;  // (c10::overflows lets -1 wrap)
+  double v = a->kind == Arg::Int ? double(a->scalar.i) : a->scalar.to_double();
+  if (v < lo || v > hi)  // (NaN converts, as CPU lets it)
+    ctx.fail(std::string("value cannot be converted to type ") + cpp_type_name(t) + " without overflow");
 }
 
 double largest_finite(DType t) {

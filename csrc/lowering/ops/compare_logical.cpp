@@ -88,6 +88,7 @@ std::vector<Value> where(LoweringContext& ctx) {
 // masked_fill(self, mask, value): value is a Scalar or a 0-d tensor.
 std::vector<Value> masked_fill(LoweringContext& ctx) {
   DType dt = ctx.out().dtype;
+  check_scalar_fits(ctx, "value", dt);
   const Shape& shape = ctx.out().shape;
   Value mask = operand_as(ctx, "mask", DType::Bool, shape);
   return {ctx.b.select(mask, operand_as(ctx, "value", dt, shape), operand_as(ctx, "self", dt, shape))};

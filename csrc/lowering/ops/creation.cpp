@@ -69,14 +69,7 @@ std::vector<Value> linspace(LoweringContext& ctx, const TensorType& out) {
     const Arg& a = ctx.arg(name);
     bool int_scalar = a.kind == Arg::Int || a.kind == Arg::Bool ||
                       (a.kind == Arg::Tensor && !is_float(a.tensor.dtype()));
-    if ((a.kind == Arg::Float || a.kind == Arg::Int) && is_integral(out.dtype, false)) {
-      auto [lo, hi] = integer_range(out.dtype);
-      if (a.kind == Arg::Int && is_unsigned(out.dtype)) lo = -hi;  // c10::overflows lets -1 wrap
-      double v = a.scalar.to_double();
-      if (v < lo || v > hi)
-        ctx.fail(std::string("value cannot be converted to type ") + dtype_name(out.dtype) +
-                 " without overflow");
-    }
+    if (is_integral(out.dtype, false)) check_scalar_fits(ctx, name, out.dtype);
     Value v = ctx.operand(name, int_scalar ? DType::I64 : DType::F64);
     v = b.convert(b.reshape(v, {}), out.dtype);
     return b.convert(b.convert(v, dt), wt);

@@ -10,6 +10,7 @@ namespace {
 // full(size, fill_value), full_like(self, fill_value), new_full(self, size, fill_value).
 // The value may be a runtime input (no program per fill value).
 std::vector<Value> full(LoweringContext& ctx) {
+  check_scalar_fits(ctx, "fill_value", ctx.out().dtype);
   return {ctx.b.broadcast_to(ctx.operand("fill_value", ctx.out().dtype), ctx.out().shape)};
 }
 

@@ -124,6 +124,13 @@ std::pair<Value, Value> arg_reduce(Builder& b, Value x, int64_t dim, bool is_max
   return {m, i};
 }
 
+// CPU's IndexError for max/min/argmax/argmin along an empty dim (their Meta
+// functions accept it, so compiled graphs reached the lowering with it).
+void check_reduced_dim_not_empty(LoweringContext& ctx, const Value& x, int64_t dim) {
+  if (x.rank() > 0 && x.shape()[dim] == 0)
+    ctx.index_error(ctx.op + "(): Expected reduction dim " + std::to_string(dim) + " to have non-zero size.");
+}
+
 std::vector<Value> max_min(LoweringContext& ctx, bool is_max) {
   Builder& b = ctx.b;
   if (ctx.has("other")) {  // elementwise max.other / min.other
@@ -138,7 +145,9 @@ std::vector<Value> max_min(LoweringContext& ctx, bool is_max) {
       ctx.fail(ctx.op + "(): Expected reduction dim to be specified for input.numel() == 0.");
     return {b.reshape(max_or_min(b, x, reduced_dims(ctx, x), is_max), ctx.out().shape)};
   }
-  auto [v, i] = arg_reduce(b, x, wrap_dim(ctx.to_int("dim", 0), x.rank()), is_max);
+  int64_t dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+  check_reduced_dim_not_empty(ctx, x, dim);
+  auto [v, i] = arg_reduce(b, x, dim, is_max);
   return {b.reshape(v, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
 }
 
@@ -146,8 +155,14 @@ std::vector<Value> argmax_argmin(LoweringContext& ctx, bool is_max) {
   Builder& b = ctx.b;
   Value x = ctx.tensor("self");
   int64_t dim = 0;
-  if (ctx.has("dim")) dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
-  else x = b.reshape(x, {x.type.numel()});  // dim=None: index into the flattened tensor
+  if (ctx.has("dim")) {
+    dim = wrap_dim(ctx.to_int("dim", 0), x.rank());
+    check_reduced_dim_not_empty(ctx, x, dim);
+  } else {
+    if (x.type.numel() == 0)
+      ctx.index_error(ctx.op + "(): Expected reduction dim to be specified for input.numel() == 0.");
+    x = b.reshape(x, {x.type.numel()});  // dim=None: index into the flattened tensor
+  }
   return {b.reshape(arg_reduce(b, x, dim, is_max).second, ctx.out().shape)};
 }
 

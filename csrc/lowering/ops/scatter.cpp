@@ -277,6 +277,7 @@ std::vector<Value> index_copy(LoweringContext& ctx) {
 std::vector<Value> index_fill(LoweringContext& ctx) {
   // (CPU's index_fill alone of these takes int64 indices only.)
   if (ctx.tensor("index").dtype() != DType::I64) ctx.index_error("index_fill_(): Expected dtype int64 for index.");
+  check_scalar_fits(ctx, "value", ctx.out().dtype);
   SliceScatter s = slice_scatter(ctx, true, LoweringContext::CheckError::Index, /*check_when_empty=*/false);
   if (nothing_to_do(s)) return {ctx.b.reshape(s.self, ctx.out().shape)};
   Value v = ctx.b.broadcast_to(ctx.operand("value", s.self.dtype()), s.update_shape);

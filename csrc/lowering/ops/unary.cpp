@@ -322,6 +322,10 @@ std::vector<Value> pow(LoweringContext& ctx) {
   if (is_integral(dt, /*include_bool=*/false)) {
     std::optional<int64_t> known;
     if (e.kind == Arg::Int || e.kind == Arg::Bool) {
+      // (pow.Tensor_Scalar's Meta function makes this check; compiled graphs
+      // whose exponent is a graph constant do not run it)
+      if (e.kind == Arg::Int && ctx.scalar("exponent").i < 0)
+        ctx.fail("Integers to negative integer powers are not allowed.");
       // The scalar as CPU converts it to the dtype (two's complement wrap).
       int bits = 8 * int(itemsize(dt));
       uint64_t u = uint64_t(ctx.scalar("exponent").i);
