@@ -749,3 +749,25 @@ def test_ldexp_of_a_float_exponent_is_cpus_power(dt=torch.float32):
     power of two); it runs on the CPU fallback."""
     x, e = torch.randn(6), torch.tensor([1.5, -2.25, 0.0, 3.0, 130.0, -0.5])
     assert_same(torch.ldexp(tpu(x), tpu(e)), torch.ldexp(x, e))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+def test_zeta_of_a_huge_x_is_its_first_term(dt, no_cpu_fallback):
+    """zeta(x, q) past x = 1000 is q^-x, as CPU's series gives it: 1 at an
+    infinite x and q = 1, inf below 1 (CHLO's was NaN from x = 3300 in
+    float32 and at x = inf)."""
+    x = torch.cat([torch.tensor([INF, 1e30, INF, 1e5, 1e4, 1001.0, 999.0, 1e5, 1e5]), torch.logspace(2, 4, 60)]).to(dt)
+    q = torch.cat([torch.tensor([1.0, 1.0, 0.5, 1.0, 2.0, 1.3, 1.3, 0.999999, 1.000001]),
+                   torch.tensor([1.0, 0.5, 2.0, 0.9, 1.5, 30.0]).repeat(10)]).to(dt)
+    torch.testing.assert_close(torch.special.zeta(tpu(x), tpu(q)).cpu(), torch.special.zeta(x, q), rtol=1e-5, atol=0,
+                               equal_nan=True)
+
+
+def test_histc_of_integers_raises_as_cpu():
+    """CPU's histc kernel takes float dtypes only (its Meta function accepts
+    an int64 tensor, and the tpu returned counts)."""
+    for dt in (torch.int64, torch.int32, torch.uint8):
+        with pytest.raises(NotImplementedError, match="histogram_cpu"):
+            torch.histc(torch.tensor([1, 2, 3], dtype=dt), 3)
+        with pytest.raises(NotImplementedError, match="histogram_cpu"):
+            torch.histc(tpu(torch.tensor([1, 2, 3], dtype=dt)), 3)

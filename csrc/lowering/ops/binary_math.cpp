@@ -108,13 +108,19 @@ std::vector<Value> xlog1py(LoweringContext& ctx) {
 
 // Hurwitz zeta(x, q) (CHLO's), with CPU's (Cephes') domain rules: inf at
 // x == 1, NaN for x < 1; for q <= 0, inf at an integer q and NaN for a
-// non-integer x.
+// non-integer x; the first term alone for a huge x.
 std::vector<Value> zeta(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Pair p = operands(ctx);
   const Value &x = p.a, &q = p.o;
   auto is_int = [&](const Value& v) { return b.compare(Cmp::EQ, v, b.unary("floor", v)); };
   Value r = b.op("chlo.zeta", {x, q}, x.type);
+  // Past x = 1000 the first term q^-x is the sum (the next is (1 + 1/q)^-x
+  // of it, or all underflow), as CPU's series stops there; CHLO's is NaN
+  // from x = 3300 in float32 and at an infinite x.
+  Value first = b.binary("power", q, b.unary("negate", x));
+  r = b.select(b.binary("and", b.compare(Cmp::GT, x, splat_like(b, 1000, x)), b.compare(Cmp::GT, q, splat_like(b, 0, q))),
+               first, r);
   Value q_le0 = b.compare(Cmp::LE, q, splat_like(b, 0, q));
   r = b.select(b.binary("and", q_le0, b.unary("not", is_int(x))), splat_like(b, NAN, r), r);
   r = b.select(b.binary("and", q_le0, is_int(q)), splat_like(b, INFINITY, r), r);
