@@ -962,3 +962,22 @@ def test_bilinear_and_empty_permuted_compile_whole():
     torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
     for g, e in zip(ins, ref):
         torch.testing.assert_close(g.grad.cpu(), e.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_modes_and_options():
+    """mode= values Inductor knows compile the same program; an unknown mode
+    raises (as Inductor's check does); options= (Inductor's settings) are
+    named in a warning, not dropped silently."""
+    import warnings
+    x = torch.arange(4.0)
+    for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default"):
+        torch._dynamo.reset()
+        assert_same(torch.compile(lambda a: a * 2 + 1, backend="tpu", mode=mode)(x.to("tpu")), x * 2 + 1)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unrecognized mode=no-such-mode"):
+        torch.compile(lambda a: a * 2, backend="tpu", mode="no-such-mode")(x.to("tpu"))
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same(torch.compile(lambda a: a - 1, backend="tpu", options={"a_typo_option": 1})(x.to("tpu")), x - 1)
+    assert any("a_typo_option" in str(w.message) for w in caught)

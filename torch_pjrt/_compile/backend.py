@@ -5,6 +5,7 @@ CompiledGraphFn."""
 import functools
 import itertools
 import time
+import warnings
 
 import torch
 
@@ -71,8 +72,31 @@ def _note_capture(example_inputs):
     return why
 
 
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_warned_options = set()
+
+
+def _check_options(kwargs):
+    """torch.compile's mode= and options= reach a named backend as keyword
+    arguments. The modes Inductor knows are accepted (each compiles the same
+    program here); an unknown one raises as Inductor's check does. options=
+    (Inductor's settings) have no meaning here: named once in a warning, not
+    silently dropped."""
+    kwargs = dict(kwargs)
+    mode = kwargs.pop("mode", None)
+    if mode is not None and mode not in _MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
+    extra = sorted(set(kwargs.pop("options", None) or {}) | set(kwargs))
+    new = [k for k in extra if k not in _warned_options]
+    if new:
+        _warned_options.update(new)
+        warnings.warn(f"torch_pjrt: the tpu backend ignores these torch.compile options: {', '.join(new)} "
+                      "(they are Inductor's; XLA compiles every graph with its own settings)", stacklevel=2)
+
+
 def tpu_backend(gm, example_inputs, **options):
     from torch._dynamo.backends.common import aot_autograd
+    _check_options(options)
     recompile = _note_capture(example_inputs)
     gid = next(_graph_ids)
     t0 = time.perf_counter()
