@@ -763,12 +763,3 @@ def test_zeta_of_a_huge_x_is_its_first_term(dt, no_cpu_fallback):
     torch.testing.assert_close(torch.special.zeta(tpu(x), tpu(q)).cpu(), torch.special.zeta(x, q), rtol=1e-5,
                                atol=torch.finfo(dt).tiny, equal_nan=True)
 
-
-def test_histc_of_integers_raises_as_cpu():
-    """CPU's histc kernel takes float dtypes only (its Meta function accepts
-    an int64 tensor, and the tpu returned counts)."""
-    for dt in (torch.int64, torch.int32, torch.uint8):
-        with pytest.raises(NotImplementedError, match="histogram_cpu"):
-            torch.histc(torch.tensor([1, 2, 3], dtype=dt), 3)
-        with pytest.raises(NotImplementedError, match="histogram_cpu"):
-            torch.histc(tpu(torch.tensor([1, 2, 3], dtype=dt)), 3)
