@@ -340,10 +340,6 @@ bool lowering_handles_dtypes(const std::string& base, c10::ArrayRef<c10::IValue>
   if ((base == "_upsample_bilinear2d_aa" || base == "_upsample_bicubic2d_aa") && !stack_args.empty() &&
       stack_args[0].isTensor() && !c10::isFloatingType(stack_args[0].toTensor().scalar_type()))
     return false;
-  // ldexp of a float exponent: CPU's self * pow(2, other), computed there.
-  if (base == "ldexp" && stack_args.size() > 1 && stack_args[1].isTensor() &&
-      !c10::isIntegralType(stack_args[1].toTensor().scalar_type(), /*includeBool=*/true))
-    return false;
   has_unsigned |= unsigned_cpu_scalar && !non_bool_tensor;
   if (has_unsigned && !unsigned_ops.count(base)) return false;
   if (has_complex && !complex_ops.count(base)) return false;

@@ -161,8 +161,8 @@ std::vector<Value> cross(LoweringContext& ctx) {
 // CPU's std::ldexp. (PyTorch's composite, self * pow(2, other), overflows
 // 2^other first: 1e-30 * 2^150 was inf, 0 * 2^200 NaN.) The exponent,
 // clamped to where every result has saturated, is applied as three powers of
-// two that are each a normal number. (A float `other` takes that composite on
-// the CPU, as CPU's kernel does: lowering_handles_dtypes.)
+// two that are each a normal number. (A float `other` takes that composite,
+// as CPU's kernel does.)
 std::vector<Value> ldexp(LoweringContext& ctx) {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
@@ -171,6 +171,9 @@ std::vector<Value> ldexp(LoweringContext& ctx) {
   int mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127, limit = f64 ? 2100 : 300;
   DType it = f64 ? DType::I64 : DType::I32;
   Value x = operand_as(ctx, "self", dt, out.shape);
+  if (!is_integral(ctx.tensor("other").dtype(), /*include_bool=*/true))  // (CPU: self * pow(2, other))
+    return {b.convert(b.binary("multiply", x, b.binary("power", splat_like(b, 2, x), operand_as(ctx, "other", dt, out.shape))),
+                      out.dtype)};
   Value o = operand_as(ctx, "other", DType::I64, out.shape);
   Value e = b.convert(b.op("stablehlo.clamp", {splat_like(b, -limit, o), o, splat_like(b, limit, o)}, o.type), it);
   auto k = [&](int64_t v) { return b.splat(Scalar::from_int(v), TensorType{it, out.shape}); };
