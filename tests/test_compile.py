@@ -981,3 +981,32 @@ def test_compile_modes_and_options():
         warnings.simplefilter("always")
         assert_same(torch.compile(lambda a: a - 1, backend="tpu", options={"a_typo_option": 1})(x.to("tpu")), x - 1)
     assert any("a_typo_option" in str(w.message) for w in caught)
+
+
+def _scatter_then_as_strided(x, src):
+    y = torch.slice_scatter(x.transpose(1, 2), src, 2, 0, 2)  # keeps the input's strides (24, 1, 6)
+    return y.as_strided((2, 6), (24, 1))  # the first 6 elements of each batch in memory order
+
+
+def _setitem_then_as_strided(x, src):
+    y = x.transpose(1, 2).clone()
+    y[:, :, 1:3].mul_(10.0)  # functionalized to a slice_scatter
+    return y.as_strided((2, 6), (24, 1))
+
+
+def _scatter_then_view(x, src):
+    return torch.slice_scatter(x.transpose(1, 2), src, 2, 0, 2).transpose(1, 2).view(8, 6)
+
+
+@pytest.mark.parametrize("fn", [_scatter_then_as_strided, _setitem_then_as_strided, _scatter_then_view])
+def test_decomposed_ops_keep_their_own_layout(fn):
+    """slice_scatter, lowered through its decomposition, keeps its input's
+    strides as eager does: the value took the decomposition's last op's
+    (contiguous) layout, so a later as_strided read other elements
+    ([-1, -1, 12, 18, ...] for [-1] * 6) and a valid view split the graph."""
+    x = torch.arange(48.0).reshape(2, 4, 6)
+    src = torch.full((2, 6, 2), -1.0)
+    torch._dynamo.reset()
+    before = torch_pjrt.metrics()["partitioned_graphs"]
+    assert_same(torch.compile(fn, backend="tpu")(x.to("tpu"), src.to("tpu")), fn(x, src))
+    assert torch_pjrt.metrics()["partitioned_graphs"] == before

@@ -287,7 +287,7 @@ class _Walker(HigherOrderOps):
             custom = _custom_op_impl(op)
             if custom is not None:  # torch.library.custom_op written in torch ops: traced inline
                 return self.trace_and_walk(op, custom, args, kwargs, on_device=True, constants=False)
-            return self.decompose(op, args, kwargs)
+            return _with_layout(self.decompose(op, args, kwargs), out_meta)
         lowering, overload, per_element = target
         if per_element:
             return self.foreach(schema, lowering, overload, args, kwargs, out_meta)
@@ -703,6 +703,20 @@ def int_pack(args, runtime_ints):
         # (device: under torch.set_default_device("tpu") a bare tensor() is a tpu tensor)
         pack = _PACKS[values] = torch.tensor(values, dtype=torch.int64, device="cpu")
     return pack
+
+
+def _with_layout(result, out_meta):
+    """A decomposition's new values with the op's own layout: its last op
+    (slice_scatter's where) may lay them out otherwise (contiguous where
+    slice_scatter keeps its input's strides), and a later as_strided or view
+    reads the memory order of the meta."""
+    if isinstance(result, (list, tuple)) and isinstance(out_meta, (list, tuple)) and len(result) == len(out_meta):
+        return type(result)(_with_layout(r, m) for r, m in zip(result, out_meta))
+    if (isinstance(result, _Val) and isinstance(out_meta, torch.Tensor) and result.root is None
+            and result.input_index is None and isinstance(result.meta, torch.Tensor)
+            and _type(result.meta) == _type(out_meta) and result.meta.stride() != out_meta.stride()):
+        return _Val(result.id, out_meta)
+    return result
 
 
 def lower_graph(gm, args, host_part=None, runtime_ints=()):
