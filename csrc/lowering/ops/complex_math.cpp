@@ -43,6 +43,12 @@ Value sinh_cosh_parts(Builder& b, const Value& a, const Value& im, bool cosh) {
   return make_complex(b, re, i);
 }
 
+// Each part times a real constant k (T * std::complex<T>).
+Value complex_scaled(Builder& b, const Value& z, double k) {
+  Value re = real_part(b, z), im = imag_part(b, z);
+  return make_complex(b, b.binary("multiply", re, splat_like(b, k, re)), b.binary("multiply", im, splat_like(b, k, im)));
+}
+
 }  // namespace
 
 Value complex_sinh_or_cosh(Builder& b, const Value& z, bool cosh) {
@@ -56,12 +62,6 @@ Value complex_sin_or_cos(Builder& b, const Value& z, bool cos) {
   Value re = times_zero_kept(b, real_sinh_or_cosh(b, im, true), b.unary("sine", a));
   Value i = times_zero_kept(b, b.unary("cosine", a), real_sinh_or_cosh(b, im, false));
   return make_complex(b, re, i);
-}
-
-// Each part times a real constant k (T * std::complex<T>).
-Value complex_scaled(Builder& b, const Value& z, double k) {
-  Value re = real_part(b, z), im = imag_part(b, z);
-  return make_complex(b, b.binary("multiply", re, splat_like(b, k, re)), b.binary("multiply", im, splat_like(b, k, im)));
 }
 
 // ATen's exp2 of a complex: exp(ln2 * z), ln2 in the part type.
@@ -99,11 +99,11 @@ Value complex_logaddexp(Builder& b, const Value& x, const Value& y) {
 }
 
 // An inverse trigonometric function `f` of a complex z with the branch cut's
-// side taken from the signs of z's parts (-0.0 included): f is evaluated on
-// (|re| + i|im|) and its parts given back their signs. Valid for the odd
-// functions with f(conj z) = conj f(z) (asin, asinh, atan, atanh: part
-// signs follow z's), and, with `odd` false, for acos/acosh, which only
-// conjugate (the imaginary part's sign flips with z's).
+// side taken from the signs of z's parts (-0.0 included), using f(conj z) =
+// conj f(z): f is evaluated at (re + i|im|) and conjugated where im's sign
+// bit is set. The odd ones (`odd`: asin, asinh, atan, atanh; f(-z) = -f(z))
+// are evaluated at (|re| + i|im|), their real part then taking re's sign.
+// (XLA's expansions ignore the sign of a zero part.)
 Value complex_inverse_trig(Builder& b, const Value& z, const std::string& chlo, bool odd) {
   Value re = real_part(b, z), im = imag_part(b, z);
   Value neg_im = signbit(b, im);
