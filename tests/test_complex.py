@@ -565,3 +565,36 @@ def test_complex_logaddexp_special_values_as_cpu(dt, no_cpu_fallback):
                      dtype=dt)
     b = torch.tensor([complex(-inf, 2), complex(inf, 0), 1 + 1j, 2 + 0j, 1 - 2j, 0j, complex(nan, 1)], dtype=dt)
     torch.testing.assert_close(torch.logaddexp(tpu(a), tpu(b)).cpu(), torch.logaddexp(a, b), equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_exp_sqrt_pow_special_values_as_cpu(dt, no_cpu_fallback):
+    """C99's (glibc's) values, which CPU gives: exp(-inf + inf j) is 0 and
+    exp(inf + NaN j) inf + NaN j (XLA's were NaN + NaN j); sqrt(-4 - 0j) is
+    -2j (XLA's +2j, a finite wrong value); 0 ** y is 0 for Re y > 0 (XLA's
+    NaN) and 0 ** 0j NaN (XLA's 1)."""
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor([complex(inf, inf), complex(-inf, inf), complex(inf, nan), complex(-inf, nan), complex(inf, -inf),
+                      complex(-inf, -inf), complex(inf, 0), complex(-inf, 0.5), complex(nan, 0), complex(1, inf),
+                      complex(1e4, 0), complex(-1e4, 0.3), 1 + 2j], dtype=dt)
+    for f in (torch.exp, torch.exp2):
+        torch.testing.assert_close(f(tpu(z)).cpu(), f(z), equal_nan=True)
+    s = torch.tensor([complex(-4, -0.0), complex(-4, 0.0), complex(-1, -0.0), 3 - 4j, complex(0, -0.0)], dtype=dt)
+    got, want = torch.sqrt(tpu(s)).cpu(), torch.sqrt(s)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got.imag.signbit(), want.imag.signbit())
+    x = torch.tensor([0j, 0j, 0j, 1 + 1j, -2 + 0.5j, 3j, 0j], dtype=dt)
+    y = torch.tensor([2.5 - 0.5j, 0.7 + 0.2j, 0j, 0.5 + 0.25j, 2 + 0j, -1.5j, -1 + 0j], dtype=dt)
+    torch.testing.assert_close(torch.pow(tpu(x), tpu(y)).cpu(), torch.pow(x, y), equal_nan=True)
+    torch.testing.assert_close(torch.pow(0, tpu(y)).cpu(), torch.pow(0, y), equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", COMPLEX)
+def test_complex_var_std_into_a_complex_out(dt, no_cpu_fallback):
+    """CPU writes var/std of a complex tensor into a complex out= tensor (the
+    program's complex of complex parts did not compile)."""
+    x = cdata((3, 4), dt)
+    for f in (torch.var, torch.std):
+        want = f(x, 1, out=torch.empty(0, dtype=dt))
+        got = f(tpu(x), 1, out=torch.empty(0, dtype=dt, device="tpu"))
+        assert_same(got, want)

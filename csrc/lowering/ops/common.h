@@ -45,7 +45,10 @@ Value imag_part(Builder& b, const Value& z);
 Value make_complex(Builder& b, const Value& re, const Value& im);
 Value complex_sin_or_cos(Builder& b, const Value& z, bool cos);
 Value complex_sinh_or_cosh(Builder& b, const Value& z, bool cosh);
+Value complex_exp(Builder& b, const Value& z);
 Value complex_exp2(Builder& b, const Value& z);
+Value complex_pow(Builder& b, const Value& x, const Value& y);
+Value complex_sqrt(Builder& b, const Value& z);
 Value complex_log_base(Builder& b, const Value& z, double ln_base);  // log2, log10
 Value complex_logaddexp(Builder& b, const Value& x, const Value& y);
 // chlo.asin/acos/... of z with the branch cut's side from z's signed zeros;

@@ -204,7 +204,8 @@ Moments moments(Builder& b, const Value& x, const std::vector<int64_t>& dims, do
 
 std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
   Builder& b = ctx.b;
-  DType out = ctx.out().dtype, acc = acc_dtype(out);
+  // (an out= tensor may be complex, as CPU allows: the real result is written into it)
+  DType acc = acc_dtype(real_dtype(ctx.out().dtype));
   const Value& self = ctx.tensor("self");
   bool complex = is_complex(self.dtype());
   auto dims = reduced_dims(ctx, self);
@@ -226,8 +227,8 @@ std::vector<Value> var_std(LoweringContext& ctx, bool sqrt, bool with_mean) {
     mean = m.mean;
   }
   if (sqrt) r = b.unary("sqrt", r);
-  std::vector<Value> res{b.reshape(r, ctx.out(0).shape)};
-  if (with_mean) res.push_back(b.reshape(mean, ctx.out(1).shape));
+  std::vector<Value> res{b.convert(b.reshape(r, ctx.out(0).shape), ctx.out(0).dtype)};
+  if (with_mean) res.push_back(b.convert(b.reshape(mean, ctx.out(1).shape), ctx.out(1).dtype));
   return res;
 }
 

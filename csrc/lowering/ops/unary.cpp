@@ -253,6 +253,11 @@ Value integer_pow(Builder& b, const Value& base, const Value& e, std::optional<i
   return b.select(b.compare(Cmp::LT, e, zero), neg, r);
 }
 
+// x^y; complex as glibc's cpow (complex_math.cpp).
+Value power(Builder& b, const Value& x, const Value& y) {
+  return is_complex(x.dtype()) ? complex_pow(b, x, y) : b.binary("power", x, y);
+}
+
 // pow.Tensor_Tensor, pow.Tensor_Scalar and pow.Scalar: either side may be the
 // scalar. Computed in the promoted output dtype.
 std::vector<Value> pow(LoweringContext& ctx) {
@@ -312,7 +317,7 @@ std::vector<Value> pow(LoweringContext& ctx) {
     return b.select(b.binary("and", negative, odd), b.unary("negate", b.unary("abs", r)), r);
   };
   if (scalar_exponent && specials && e.dynamic) {
-    Value r = b.binary("power", base, exponent);
+    Value r = power(b, base, exponent);
     for (double v : {0.0, 1.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0})
       r = b.select(b.compare(Cmp::EQ, exponent, splat_like(b, v, exponent)), *special(base, v), r);
     return {b.convert(int_parity_sign(r), out)};
@@ -337,17 +342,15 @@ std::vector<Value> pow(LoweringContext& ctx) {
     }
     return {integer_pow(b, base, exponent, known)};
   }
-  return {b.convert(int_parity_sign(b.binary("power", base, exponent)), out)};
+  return {b.convert(int_parity_sign(power(b, base, exponent)), out)};
 }
 
 }  // namespace
 
 static const bool registered = [] {
-  simple("exp", "exponential");
   simple("expm1", "exponential_minus_one");
   simple("log", "log");
   simple("log1p", "log_plus_one");
-  simple("sqrt", "sqrt");
   simple("rsqrt", "rsqrt");
   simple("tanh", "tanh");
   simple("tan", "tan");
@@ -355,6 +358,16 @@ static const bool registered = [] {
 }();
 
 // (complex: XLA's forms lose the small part, complex_math.cpp)
+TORCH_PJRT_LOWERING("exp", [](LoweringContext& c) {
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_exp(b, x) : b.unary("exponential", x);
+  });
+});
+TORCH_PJRT_LOWERING("sqrt", [](LoweringContext& c) {
+  return float_unary(c, [](Builder& b, const Value& x) {
+    return is_complex(x.dtype()) ? complex_sqrt(b, x) : b.unary("sqrt", x);
+  });
+});
 TORCH_PJRT_LOWERING("sin", [](LoweringContext& c) {
   return float_unary(c, [](Builder& b, const Value& x) {
     return is_complex(x.dtype()) ? complex_sin_or_cos(b, x, false) : b.unary("sine", x);
