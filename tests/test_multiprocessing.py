@@ -55,7 +55,7 @@ def test_spawned_process_gets_a_tpu_module_as_argument():
     assert p.exitcode == 0
     for (name, dev, rg, value), (n, param) in zip(got, m.named_parameters()):
         assert (name, dev, rg) == (n, "tpu", True)
-        torch.testing.assert_close(value, param.detach().cpu(), rtol=0, atol=0)
+        torch.testing.assert_close(torch.tensor(value), param.detach().cpu(), rtol=0, atol=0)
 
 
 def test_dataloader_spawn_workers_return_tpu_tensors():
