@@ -100,13 +100,9 @@ Value complex_pow(Builder& b, const Value& x, const Value& y) {
 }
 
 // sqrt with the branch cut's side from the imaginary part's sign:
-// sqrt(conj z) = conj sqrt(z), so sqrt(-4 - 0j) is -2j (XLA's gave +2j).
-Value complex_sqrt(Builder& b, const Value& z) {
-  Value re = real_part(b, z), im = imag_part(b, z);
-  Value w = b.unary("sqrt", make_complex(b, re, b.unary("abs", im)));
-  Value wi = imag_part(b, w);
-  return make_complex(b, real_part(b, w), b.select(signbit(b, im), b.unary("negate", wi), wi));
-}
+// sqrt(conj z) = conj sqrt(z), so sqrt(-4 - 0j) is -2j (XLA's gave +2j): the
+// inverse functions' conjugate symmetry, below.
+Value complex_sqrt(Builder& b, const Value& z) { return complex_inverse_trig(b, z, "stablehlo.sqrt", false); }
 
 // log(z) with each part divided by ln(base) rounded to the part type: CPU's
 // log10 (std::log10, log(z) / T(ln 10)) and its vectorized log2.

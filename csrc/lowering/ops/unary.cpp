@@ -49,7 +49,7 @@ std::vector<Value> conj_physical(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Value x = ctx.tensor("self");
   if (!is_complex(x.dtype())) return {x};
-  return {b.op("stablehlo.complex", {real_part(b, x), b.unary("negate", imag_part(b, x))}, x.type)};
+  return {make_complex(b, real_part(b, x), b.unary("negate", imag_part(b, x)))};
 }
 
 // polar(abs, angle): complex(abs cos(angle), abs sin(angle)).
@@ -86,8 +86,7 @@ std::vector<Value> sign(LoweringContext& ctx) {
   if (is_complex(x.dtype())) {
     // sgn: each part / |x| (rounded as CPU's), 0 at 0.
     Value a = complex_abs(b, x);
-    Value q = b.op("stablehlo.complex", {b.binary("divide", real_part(b, x), a), b.binary("divide", imag_part(b, x), a)},
-                   x.type);
+    Value q = make_complex(b, b.binary("divide", real_part(b, x), a), b.binary("divide", imag_part(b, x), a));
     return {b.select(b.compare(Cmp::EQ, a, splat_like(b, 0, a)), splat_like(b, 0, x), q)};
   }
   Value zero = splat_like(b, 0, x), one = splat_like(b, 1, x);
@@ -142,7 +141,7 @@ LowerFn infinity_test(int sign) {
     if (sign == 0 && is_complex(x.dtype())) {  // either part infinite, as CPU
       TensorType rt{real_dtype(x.dtype()), x.shape()};
       Value inf = b.splat(Scalar::from_float(INFINITY), rt);
-      Value re = b.unary("abs", b.op("stablehlo.real", {x}, rt)), im = b.unary("abs", b.op("stablehlo.imag", {x}, rt));
+      Value re = b.unary("abs", real_part(b, x)), im = b.unary("abs", imag_part(b, x));
       return {b.binary("or", b.compare(Cmp::EQ, re, inf), b.compare(Cmp::EQ, im, inf))};
     }
     if (!is_float(x.dtype())) return {b.zeros({DType::Bool, x.shape()})};
@@ -169,8 +168,7 @@ std::vector<Value> nan_to_num(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Value x = ctx.tensor("self");
   if (is_complex(x.dtype()))
-    return {b.op("stablehlo.complex", {replace_non_finite(ctx, real_part(b, x)),
-                                       replace_non_finite(ctx, imag_part(b, x))}, x.type)};
+    return {make_complex(b, replace_non_finite(ctx, real_part(b, x)), replace_non_finite(ctx, imag_part(b, x)))};
   if (!is_float(x.dtype())) return {x};
   return {replace_non_finite(ctx, x)};
 }
