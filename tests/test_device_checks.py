@@ -187,3 +187,42 @@ def test_a_read_of_an_empty_result_reports_its_failed_check(name):
     with pytest.raises((RuntimeError, IndexError), match="out of"):
         bad().cpu()
     assert (torch.ones(2, device="tpu") * 2).cpu().tolist() == [2.0, 2.0]
+
+
+def _asserting(x):
+    torch._assert_async((x < 10).all(), "x must be < 10")
+    return x * 2
+
+
+@pytest.mark.parametrize("device", ["tpu", "cpu"])
+def test_assert_async_holds_in_compiled_graphs(device):
+    # It was dropped from compiled graphs (PyTorch checks only its size
+    # assertions while tracing): a failing one returned [2, 40]. On tpu it is
+    # a device check raised at the host read; on CPU inputs the host runs it.
+    torch._dynamo.reset()
+    f = torch.compile(_asserting, backend="tpu")
+    assert f(torch.tensor([1.0, 2.0], device=device)).cpu().tolist() == [2.0, 4.0]
+    with pytest.raises(RuntimeError, match="x must be < 10"):
+        f(torch.tensor([1.0, 20.0], device=device)).cpu()
+    assert f(torch.tensor([3.0, 4.0], device=device)).cpu().tolist() == [6.0, 8.0]
+    with pytest.raises(RuntimeError, match="x must be < 10"):
+        _asserting(torch.tensor([1.0, 20.0]))  # (CPU eager, the reference)
+
+
+def test_assert_async_in_eager_raises_at_the_read_and_at_the_op_in_debug_mode():
+    x = tpu(torch.tensor([1.0, 20.0]))
+    torch._assert_async((x > 0).all(), "positive")  # holds
+    torch._assert_async((x < 10).all(), "x must be < 10")
+    with pytest.raises(RuntimeError, match="x must be < 10"):
+        (x + 1).cpu()
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        torch._assert_async(x < 10)  # as CPU: a shape error at the call
+    r = run_python("""
+import torch, torch_pjrt
+x = torch.tensor([0.0], device="tpu").sum()
+try:
+    torch._assert_async(x)
+except RuntimeError as e:
+    print("raised at the op:", e)
+""", TORCH_PJRT_EAGER="debug")
+    assert "raised at the op" in r.stdout and "single nonzero value" in r.stdout, r.stdout + r.stderr

@@ -247,7 +247,16 @@ class _Walker(HigherOrderOps):
         if schema.name.startswith("_c10d_functional::"):
             return self.collective(op, name, args)
         if not schema.returns and not mutates(schema):
-            return None  # assertions (_assert_tensor_metadata, _assert_scalar...): PyTorch checked them
+            # Assertions. PyTorch checked those on sizes and metadata while
+            # tracing (_assert_tensor_metadata, _assert_scalar); one on the data
+            # (_assert_async) has a lowering: a device check.
+            target = registry_lowering(schema)
+            if target is None:
+                return None
+            if origins := int_origins((args, kwargs)):
+                raise NeedsValue(origins, f"aten::{name} with an int input")
+            self.prog.call(target[0], target[1], self.pack(schema, args, kwargs), [])
+            return None
         origins = int_origins((args, kwargs))
         if name == "copy_" and not origins:
             return self.copy_into_input(args[0], args[1])
@@ -663,18 +672,26 @@ def _on_cpu(v):
     return all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in tree_flatten(v)[0])
 
 
+def _host_only(node):
+    """An op with no results (an assertion) that the host part runs."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and not schema.returns and not mutates(schema)
+
+
 def split_host(gm, args):
     """The HostPart of `gm` for `args`, or None when there is nothing for the host."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     on_host = {n for n, a in zip(placeholders, args) if _on_cpu(a)}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and "val" in n.meta and n.all_input_nodes and \
-                all(i in on_host for i in n.all_input_nodes) and _on_cpu(n.meta["val"]):
+        if n.op == "call_function" and ("val" in n.meta or _host_only(n)) and n.all_input_nodes and \
+                all(i in on_host for i in n.all_input_nodes) and _on_cpu(n.meta.get("val")):
             on_host.add(n)
     output = list(gm.graph.nodes)[-1]
     roots = [n for n in gm.graph.nodes if n in on_host and n.op == "call_function"
              and n.target is torch.ops.aten.copy_.default]
     roots += [n for n in output.all_input_nodes if n in on_host and n.op == "call_function"]
+    # Assertions on CPU values (torch._assert_async) raise at the call, as on CPU.
+    roots += [n for n in on_host if _host_only(n)]
     if not roots:
         return None
     wanted, stack = set(), list(roots)
@@ -727,7 +744,8 @@ def lower_graph(gm, args, host_part=None, runtime_ints=()):
     from one more input after the tensors (int_pack); raises NeedsValue
     where an op needs one's value (the caller then keys the program by it)."""
     w = _Walker()
-    skip = {n for n in host_part.nodes if n.target is torch.ops.aten.copy_.default} if host_part else set()
+    skip = {n for n in host_part.nodes if n.target is torch.ops.aten.copy_.default or _host_only(n)} \
+        if host_part else set()
     host_out = {n: i for i, n in enumerate(host_part.needed)} if host_part else {}
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     w.device = next((t.device.index or 0 for t in tensors if t.device.type == "tpu"), torch.tpu.current_device())
