@@ -121,6 +121,21 @@ def test_unary_integer_inputs_as_cpu(name, dtype):
     assert_same(fn(tpu(x)), expected)
 
 
+def test_erf_stays_within_one(no_cpu_fallback):
+    # float32 chlo.erf passed 1 by up to 2 ulps on 3.72 <= |x| < 3.92:
+    # Normal(0, 1).cdf(-5.2578) was -6e-8 and its log NaN.
+    x = torch.linspace(3.6, 4.0, 40001)
+    x = torch.cat([x, -x, torch.tensor([float("nan"), 0.0, -0.0])])
+    got = torch.erf(tpu(x))
+    assert_same(got, torch.erf(x), atol=3e-7, rtol=0)  # (CHLO: up to 5 ulps below 1)
+    got = got.cpu()
+    assert got[:-3].abs().max().item() <= 1.0
+    assert math.isnan(got[-3].item()) and math.copysign(1, got[-1].item()) == -1
+    normal = torch.distributions.Normal(tpu(torch.tensor(0.0)), tpu(torch.tensor(1.0)))
+    cdf = normal.cdf(tpu(torch.tensor([-5.25786591, -5.4, -5.2]))).cpu()
+    assert (cdf >= 0).all() and not cdf.log().isnan().any(), cdf
+
+
 def test_log2_and_exp2_exact_at_powers_of_two(no_cpu_fallback):
     k = torch.arange(-126, 128, dtype=torch.float32)  # normal numbers
     p = torch.exp2(k)

@@ -44,7 +44,11 @@ std::vector<Value> float_unary(LoweringContext& ctx,
 // (-0.99999982 for every x below -3.7), so gelu(-1e6) gave -0.089, not -0,
 // in a large program.
 Value erf(Builder& b, const Value& x) {
-  Value r = b.op("chlo.erf", {x}, x.type);
+  // Clamped: in float32 chlo.erf passes 1 by up to 2 ulps on 3.72 <= |x| < 3.92
+  // (Normal.cdf then went negative, and its log NaN).
+  // (select: XLA:CPU's maximum drops a NaN)
+  Value r = b.op("chlo.erf", {x}, x.type), one = splat_like(b, 1, x);
+  r = b.select(b.compare(Cmp::GT, b.unary("abs", r), one), b.unary("sign", r), r);
   Value big = b.compare(Cmp::GE, b.unary("abs", x), splat_like(b, x.dtype() == DType::F64 ? 5.93 : 3.92, x));
   return b.select(big, b.unary("sign", x), r);  // (NaN: the compare is false)
 }
