@@ -133,28 +133,31 @@ LowerFn adam(bool decoupled_weight_decay) {
     for_each_param(ctx, [&](const Param& x) {
       DType opmath = x.opmath;
       Value p = x.p, g = x.g;
-      Value lr = hp("lr", opmath), beta1 = hp("beta1", opmath), beta2 = hp("beta2", opmath),
-            eps = hp("eps", opmath);
+      Value beta2 = hp("beta2", opmath), eps = hp("eps", opmath);
+      Value one64 = b.constant(1.0, DType::F64);
       if (weight_decay) {
-        Value wd = full(b, hp("weight_decay", opmath), p);
-        if (decoupled_weight_decay)  // AdamW: param *= 1 - lr * wd
-          p = b.binary("subtract", p, b.binary("multiply", b.binary("multiply", full(b, lr, p), wd), p));
-        else
-          g = b.binary("add", g, b.binary("multiply", p, wd));
+        if (decoupled_weight_decay) {  // AdamW: param *= 1 - lr * wd, the factor in float64 as on CPU
+          Value keep = b.binary("subtract", one64,
+                                b.binary("multiply", hp("lr", DType::F64), hp("weight_decay", DType::F64)));
+          p = b.binary("multiply", p, full(b, keep, p));
+        } else {
+          g = b.binary("add", g, b.binary("multiply", p, full(b, hp("weight_decay", opmath), p)));
+        }
       }
-      Value one = b.constant(1.0, opmath);
+      // 1 - beta in float64, then rounded (as CPU's kernel): 1 - f32(0.99999)
+      // is 1.36e-3 off 1e-5, against the bias correction's float64 beta2.
+      auto complement = [&](const char* name) {
+        return b.convert(b.binary("subtract", one64, hp(name, DType::F64)), opmath);
+      };
       const Value& m0 = element(ctx, "exp_avgs", x.i);
       const Value& v0 = element(ctx, "exp_avg_sqs", x.i);
       // exp_avg = lerp(exp_avg, grad, 1 - beta1); exp_avg_sq = beta2 * v + (1 - beta2) * g^2
       Value m = b.convert(m0, opmath);
-      m = b.binary("add", m, b.binary("multiply", full(b, b.binary("subtract", one, beta1), m),
-                                      b.binary("subtract", g, m)));
+      m = b.binary("add", m, b.binary("multiply", full(b, complement("beta1"), m), b.binary("subtract", g, m)));
       Value v = b.binary("add", b.binary("multiply", full(b, beta2, g), b.convert(v0, opmath)),
-                         b.binary("multiply", full(b, b.binary("subtract", one, beta2), g),
-                                  b.binary("multiply", g, g)));
+                         b.binary("multiply", full(b, complement("beta2"), g), b.binary("multiply", g, g)));
       // Bias corrections in float64 from the (already incremented) step.
       Value step = b.reshape(b.convert(element(ctx, "state_steps", x.i), DType::F64), {});
-      Value one64 = b.constant(1.0, DType::F64);
       Value bc1 = b.binary("subtract", one64, b.binary("power", hp("beta1", DType::F64), step));
       Value bc2 = b.binary("subtract", one64, b.binary("power", hp("beta2", DType::F64), step));
       Value step_size = b.convert(b.binary("divide", hp("lr", DType::F64), bc1), opmath);
@@ -190,7 +193,8 @@ std::vector<Value> sgd(LoweringContext& ctx) {
       Value mu = full(b, hp("momentum", x.opmath), g);
       Value buf = g;
       if (!first) {
-        Value damp = b.binary("subtract", b.constant(1.0, x.opmath), hp("dampening", x.opmath));
+        Value damp = b.convert(b.binary("subtract", b.constant(1.0, DType::F64), hp("dampening", DType::F64)),
+                               x.opmath);  // (in float64, then rounded, as CPU's kernel)
         buf = b.binary("add", b.binary("multiply", mu, b.convert(buf0, x.opmath)),
                        b.binary("multiply", full(b, damp, g), g));
       }
