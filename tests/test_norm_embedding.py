@@ -138,6 +138,29 @@ def test_native_batch_norm_legit_without_stats_in_eval_mode_raises():
         torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, False, 0.1, 1e-5)
 
 
+def test_batch_norm_with_update_no_update_and_backward_are_lowered(no_cpu_fallback):
+    # What export's training IR calls; they ran on the CPU fallback.
+    aten = torch.ops.aten
+    x, w, b = make((3, 2, 4)), make((2,), seed=1), make((2,), seed=2)
+    rm, rv = make((2,), seed=3), make((2,), low=0.5, high=1.5, seed=4)
+    for update in [True, False]:
+        op = aten._batch_norm_with_update if update else aten._batch_norm_no_update
+        results = {}
+        for dev in ("cpu", "tpu"):
+            xs, ws, bs = (t.clone().to(dev).requires_grad_() for t in (x, w, b))
+            stats = [rm.clone().to(dev), rv.clone().to(dev)]
+            out = op(xs, ws, bs, *stats, 0.1, 1e-5)
+            (out[0] * out[0]).sum().backward()
+            results[dev] = (out[0], *stats, xs.grad, ws.grad, bs.grad, out[3])
+        for got, want in zip(results["tpu"], results["cpu"]):
+            assert_same(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="must not be None"):  # (CPU's kernel segfaults)
+        aten._batch_norm_no_update(tpu(x), None, None, None, None, 0.1, 1e-5)
+    got = aten._batch_norm_no_update(tpu(x), None, None, tpu(rm), tpu(rv), 0.1, 1e-5)
+    for g, c in zip(got, aten._batch_norm_no_update(x, None, None, rm, rv, 0.1, 1e-5)):
+        assert_same(g, c)
+
+
 def test_batch_norm_raises_like_cpu():
     bn = nn.BatchNorm1d(3)
     x = make((4, 5))  # wrong number of channels

@@ -155,9 +155,11 @@ bool skipped(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
   if (random) return true;  // would draw from CPU's generator
   // CPU kernels that crash the process: the bfloat16 _weight_int8pack_mm
   // kernel for K not a multiple of 8, _native_batch_norm_legit.no_stats in
-  // eval mode (no running stats to read). The Meta kernel and the lowering
-  // check these ops' arguments.
+  // eval mode and _batch_norm_no_update without running stats (none to
+  // read). The Meta kernel and the lowering check these ops' arguments.
   if (schema.name() == "aten::_weight_int8pack_mm") return true;
+  if (schema.name() == "aten::_batch_norm_no_update" && args.size() > 4 && (args[3].isNone() || args[4].isNone()))
+    return true;
   if (schema.name() == "aten::_native_batch_norm_legit" && schema.overload_name().rfind("no_stats", 0) == 0) {
     auto training = schema.argumentIndexWithName("training");
     if (training && *training < args.size() && args[*training].isBool() && !args[*training].toBool()) return true;

@@ -155,8 +155,46 @@ std::vector<Value> batch_norm_functional(LoweringContext& ctx) {
   return out;
 }
 
+// What export's training IR calls (and its functionalized form):
+// _batch_norm_with_update is native_batch_norm in training mode,
+// _batch_norm_no_update in eval mode; each also returns `reserve`, an empty
+// byte tensor (cuDNN's workspace elsewhere). batch_norm_backward is
+// native_batch_norm_backward with save_var (the saved invstd) and `update`.
+void set_bool(LoweringContext& ctx, const std::string& name, bool value) {
+  Arg a;
+  a.kind = Arg::Bool;
+  a.name = name;
+  a.scalar = Scalar::from_bool(value);
+  ctx.args.push_back(a);
+}
+
+LowerFn batch_norm_update(bool update, bool functional) {
+  return [update, functional](LoweringContext& ctx) {
+    set_bool(ctx, "training", update);
+    std::vector<Value> out = functional ? batch_norm_functional(ctx) : native_batch_norm(ctx);
+    out.insert(out.begin() + 3, ctx.b.zeros(ctx.out(3)));
+    // (Where the Meta function failed (a None weight in eval mode), CPU's
+    // results stand for it: empty saved statistics.)
+    for (size_t i : {1, 2})
+      if (ctx.out(i).numel() == 0) out[i] = ctx.b.zeros(ctx.out(i));
+    return out;
+  };
+}
+
+std::vector<Value> batch_norm_backward(LoweringContext& ctx) {
+  for (Arg& a : ctx.args) {
+    if (a.name == "save_var") a.name = "save_invstd";
+    if (a.name == "update") a.name = "train";
+  }
+  return native_batch_norm_backward(ctx);
+}
+
 }  // namespace
 
+TORCH_PJRT_LOWERING("_batch_norm_with_update", batch_norm_update(true, false));
+TORCH_PJRT_LOWERING("_batch_norm_with_update_functional", batch_norm_update(true, true));
+TORCH_PJRT_LOWERING("_batch_norm_no_update", batch_norm_update(false, false));
+TORCH_PJRT_LOWERING("batch_norm_backward", batch_norm_backward);
 TORCH_PJRT_LOWERING("_native_batch_norm_legit_functional", batch_norm_functional);
 // Eval mode: "training" is absent, so the lowering reads it as false.
 TORCH_PJRT_LOWERING("_native_batch_norm_legit_no_training", native_batch_norm);
