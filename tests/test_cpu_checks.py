@@ -414,6 +414,13 @@ COMPILED_ARGUMENT_ERRORS = [
     (lambda t: t.masked_fill(t == 0, -200), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
     (lambda t: t.index_fill(0, torch.tensor([0], device=t.device), 300), torch.zeros(3, dtype=torch.int8),
      RuntimeError, "int8_t without overflow"),
+    # clamp's bounds, where's scalar (a scalar_tensor in the graph), add's alpha:
+    (lambda t: t.clamp(-257, 257), torch.zeros(3, dtype=torch.uint8), RuntimeError, "uint8_t without overflow"),
+    (lambda t: t.clamp_max(1000), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
+    (lambda t: t.clamp(max=2**31 + 5), torch.zeros(3, dtype=torch.int32), RuntimeError, "type int without overflow"),
+    (lambda t: t.clamp(max=1e6), torch.zeros(3, dtype=torch.float16), RuntimeError, "Half without overflow"),
+    (lambda t: torch.where(t > 0, t, 1001), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
+    (lambda t: torch.add(t, t, alpha=257), torch.zeros(3, dtype=torch.uint8), RuntimeError, "uint8_t without overflow"),
     (lambda t: t[:0].min(0), torch.ones(3, 2), IndexError, "Expected reduction dim 0 to have non-zero size"),
     (lambda t: t[:, :0].max(1), torch.ones(3, 2), IndexError, "Expected reduction dim 1 to have non-zero size"),
 ]

@@ -69,6 +69,8 @@ SKIP = {
     "__irshift__": "shifts are integer-only: CPU rejects a float",
     "addmm.dtype*": "no CPU kernel to compare with (out_dtype matmul is CUDA-only in PyTorch)",
     "baddbmm.dtype*": "no CPU kernel to compare with (out_dtype matmul is CUDA-only in PyTorch)",
+    "_batch_norm_no_update*/momentum": "eval mode: the running stats are not updated, momentum is unused",
+    "_batch_norm_with_update.out": "no Meta kernel in PyTorch: runs on the CPU fallback (executor.cpp)",
     "_scaled_dot_product_fused_attention_overrideable/dropout_p":
         "random (p > 0 drops attention weights); scale is exercised",
     "_scaled_dot_product_fused_attention_overrideable_backward/dropout_p":
@@ -90,6 +92,7 @@ KNOWN_FAILURES = {
     "_amp_update_scale.out":
         "CPU's out= kernel leaves growth_tracker (annotated as written) as it was; tpu updates it",
     "_native_batch_norm_legit_no_training*": "tpu returns save_mean/save_invstd of shape (C,), CPU empty",
+    "_batch_norm_no_update*": "tpu returns save_mean/save_invstd of shape (C,), CPU empty",
     "add.Scalar_out/alpha": "PyTorch's Meta kernel (torch._refs.add) rejects a positional alpha",
     "sub.Scalar_out/alpha": "PyTorch's Meta kernel (torch._refs.sub) rejects a positional alpha",
     "normal.out": "PyTorch's Meta kernel for normal.out rejects std values other than 1.0 ('normal expects mean and "
@@ -516,6 +519,9 @@ def hand_calls():
         Call("native_batch_norm", dict(bn, training=True)),
         Call("_native_batch_norm_legit_functional", dict(bn, training=True)),
         Call("_native_batch_norm_legit_no_training", bn),
+        Call("_batch_norm_with_update", bn),
+        Call("_batch_norm_with_update_functional", bn),
+        Call("_batch_norm_no_update", bn),
         Call("_native_batch_norm_legit", dict(bn, training=True)),
         Call("_native_batch_norm_legit.no_stats",
              {k: v for k, v in dict(bn, training=True).items() if not k.startswith("running")}),
@@ -591,6 +597,9 @@ CUSTOM = {"_scaled_dot_product_fused_attention_overrideable": _sdpa,
 # ---- deriving in-place and out= forms -------------------------------------------------------
 
 RELATED = {"_native_batch_norm_legit_functional": "native_batch_norm",
+           "_batch_norm_with_update": "native_batch_norm",
+           "_batch_norm_with_update_functional": "native_batch_norm",
+           "_batch_norm_no_update": "native_batch_norm",
            "_native_batch_norm_legit_no_training": "native_batch_norm",
            "_native_batch_norm_legit": "native_batch_norm"}
 

@@ -423,10 +423,12 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
   for (auto key : {c10::DispatchKey::CompositeExplicitAutograd, c10::DispatchKey::CompositeExplicitAutogradNonFunctional})
     if (!st->composite && op.hasKernelForDispatchKey(key)) st->composite = key;
-  // An overload whose Meta kernel PyTorch got wrong, so no plan can be made,
-  // takes the CPU fallback (torch 2.13: bucketize.Scalar's Python meta
-  // function has no out= argument).
-  if (st->display == "aten::bucketize.Scalar_out") st->info = nullptr;
+  // An overload whose Meta kernel PyTorch got wrong or left out, so no plan
+  // can be made for empty outs, takes the CPU fallback (torch 2.13:
+  // bucketize.Scalar's Python meta function has no out= argument;
+  // _batch_norm_with_update.out has none).
+  if (st->display == "aten::bucketize.Scalar_out" || st->display == "aten::_batch_norm_with_update.out")
+    st->info = nullptr;
   st->empty_dims_mean_all = st->base == "nansum";
   static const std::set<std::string> apart = {"index_add", "index_copy", "index_fill", "index_put",
                                               "_index_put_impl", "put", "scatter", "scatter_add"};

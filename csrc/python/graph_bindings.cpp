@@ -56,6 +56,7 @@ Arg to_arg(graph::GraphProgram& prog, const py::tuple& spec) {
     lowering::Scalar s = number(p);
     a.kind = Arg::Tensor;
     a.wrapped_number = true;
+    a.scalar = s;  // (for check_scalar_fits)
     a.tensor = prog.builder().constant(s, s.natural_dtype());
   } else if (kind == "dwn" || kind == "di") {
     // A Python int the program takes at run time, (value, value id of a 0-d

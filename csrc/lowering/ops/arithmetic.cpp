@@ -43,6 +43,7 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   // Read through ctx.scalar, which raises for an argument that is not a number
   // instead of taking it as 0.
   const Arg* alpha = ctx.find("alpha");
+  check_scalar_fits(ctx, "alpha", dt);
   // (A runtime alpha's value is not read: the program serves every value.)
   Scalar alpha_value = ctx.has("alpha") && !alpha->dynamic ? ctx.scalar("alpha") : Scalar::from_int(1);
   if (alpha_value.kind == Scalar::UInt && std::string(hlo) == "subtract") {

@@ -133,25 +133,36 @@ const char* cpp_type_name(DType t) {
     case DType::I32: return "int";
     case DType::I64: return "int64_t";
     case DType::U8: return "uint8_t";
+    case DType::F16: return "c10::Half";
+    case DType::BF16: return "c10::BFloat16";
+    case DType::F32: return "float";
     default: return dtype_name(t);
   }
 }
 }  // namespace
 
-void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t) {
+void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t, bool floats) {
   // (TORCH_PJRT_CPU_CHECKS=off, eager's escape hatch from CPU's checks, skips this one too)
   static const bool enabled = [] {
     const char* v = std::getenv("TORCH_PJRT_CPU_CHECKS");
     return !v || std::string(v) != "off";
   }();
   const Arg* a = ctx.find(name);
-  if (!enabled || !a || (a->kind != Arg::Int && a->kind != Arg::Float)) return;
-  if (!is_integral(t, /*include_bool=*/false) || itemsize(t) >= 8) return;
-  auto [lo, hi] = integer_range(t);
-  if (a->kind == Arg::Int && is_unsigned(t)) lo = -hi;  // (c10::overflows lets -1 wrap)
-  double v = a->kind == Arg::Int ? double(a->scalar.i) : a->scalar.to_double();
-  if (v < lo || v > hi)  // (NaN converts, as CPU lets it)
-    ctx.fail(std::string("value cannot be converted to type ") + cpp_type_name(t) + " without overflow");
+  if (!enabled || !a || a->dynamic) return;
+  // (A wrapped number's value: graph_bindings.cpp keeps it; eager's probe of CPU checks those.)
+  bool wrapped = a->kind == Arg::Tensor && a->wrapped_number;
+  if (a->kind != Arg::Int && a->kind != Arg::Float && !wrapped) return;
+  bool is_int = a->scalar.kind == Scalar::Int;
+  double v = is_int ? double(a->scalar.i) : a->scalar.to_double();
+  bool bad = false;
+  if (is_integral(t, /*include_bool=*/false) && itemsize(t) < 8) {
+    auto [lo, hi] = integer_range(t);
+    if (is_int && is_unsigned(t)) lo = -hi;  // (c10::overflows lets -1 wrap)
+    bad = v < lo || v > hi;  // (NaN converts, as CPU lets it)
+  } else if (floats && (t == DType::F16 || t == DType::BF16 || t == DType::F32)) {
+    bad = std::isfinite(v) && std::abs(v) > largest_finite(t);  // (infinities convert)
+  }
+  if (bad) ctx.fail(std::string("value cannot be converted to type ") + cpp_type_name(t) + " without overflow");
 }
 
 double largest_finite(DType t) {

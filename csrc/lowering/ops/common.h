@@ -63,11 +63,13 @@ Value softmax_along(Builder& b, const Value& x, int64_t dim, bool log = false);
 // The values an integer dtype holds, as doubles (lowest, highest).
 std::pair<double, double> integer_range(DType t);
 // c10::checked_convert's check of a Scalar argument converted to an integer
-// dtype `t` (fill_, full, masked_fill, index_fill): CPU raises "value cannot
+// dtype `t` (fill_, full, masked_fill, index_fill, where, clamp, add's alpha): CPU raises "value cannot
 // be converted to type int8_t without overflow" for int8 fill_(300), where
 // compiled graphs (no CPU probe) wrapped it to 44. (Not for float16's 1e5:
 // PyTorch's own where(c, half, 1e5) reaches a fill with it, which CPU allows.)
-void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t);
+// `floats`: float types' ranges too (clamp's bounds: "c10::Half"), and a
+// Python number wrapped into a Tensor argument (compiled graphs) counts.
+void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t, bool floats = false);
 // A float dtype's largest finite value (float64's for the others).
 double largest_finite(DType t);
 

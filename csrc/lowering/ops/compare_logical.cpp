@@ -72,6 +72,8 @@ std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
   for (const char* b : {lo, hi})
     if (b && ctx.has(b)) ops.push_back(ctx.promotion(b));
   DType dt = result_type(ops, ctx.default_float);
+  for (const char* b : {lo, hi})
+    if (b) check_scalar_fits(ctx, b, ctx.out().dtype, /*floats=*/true);
   Value r = operand_as(ctx, "self", dt, shape);
   if (lo && ctx.has(lo)) r = pick(ctx.b, Cmp::GT, r, operand_as(ctx, lo, dt, shape), true);
   if (hi && ctx.has(hi)) r = pick(ctx.b, Cmp::LT, r, operand_as(ctx, hi, dt, shape), true);
@@ -80,6 +82,7 @@ std::vector<Value> clamp(LoweringContext& ctx, const char* lo, const char* hi) {
 
 std::vector<Value> where(LoweringContext& ctx) {
   DType dt = ctx.out().dtype;
+  for (const char* name : {"self", "other"}) check_scalar_fits(ctx, name, dt);
   const Shape& shape = ctx.out().shape;
   Value cond = operand_as(ctx, "condition", DType::Bool, shape);
   return {ctx.b.select(cond, operand_as(ctx, "self", dt, shape), operand_as(ctx, "other", dt, shape))};

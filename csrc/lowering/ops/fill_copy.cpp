@@ -19,7 +19,12 @@ std::vector<Value> constant(LoweringContext& ctx, int64_t v) {
 }
 
 // scalar_tensor(s): a 0-d tensor of s.
-std::vector<Value> scalar_tensor(LoweringContext& ctx) { return {ctx.operand("s", ctx.out().dtype)}; }
+// (CPU's checks an integer type's range, as compiled graphs' where(c, x, 1001)
+// reaches it; float16's 1e6 is inf there.)
+std::vector<Value> scalar_tensor(LoweringContext& ctx) {
+  check_scalar_fits(ctx, "s", ctx.out().dtype);
+  return {ctx.operand("s", ctx.out().dtype)};
+}
 
 // clone, _to_copy, lift_fresh_copy...: self's values in the result dtype.
 std::vector<Value> copy_of_self(LoweringContext& ctx) { return {ctx.b.convert(ctx.tensor("self"), ctx.out().dtype)}; }
