@@ -77,6 +77,11 @@ def test_verdict_changes_and_blockers():
     assert v["overall"] == "not ready" and v["blocking"][0].startswith("numerics")
     v = verdict.decide(report(memory={"largest_batch": 4, "limit_bytes": 1 << 30}), settings())
     assert v["overall"] == "not ready" and any(b.startswith("memory") for b in v["blocking"])
+    # The step failed at every batch (a model that raises): memory is not the blocker.
+    v = verdict.decide(report(memory={"largest_batch": None, "first_oom_batch": None, "limit_bytes": None}),
+                       settings())
+    assert {c["name"]: c["pass"] for c in v["criteria"]}["memory"] is None
+    assert not any(b.startswith("memory") for b in v["blocking"])
     v = verdict.decide(report(stages=[{"name": "performance", "status": "failed"}]), settings())
     assert v["overall"] == "not ready" and "stage performance did not complete" in v["blocking"]
     v = verdict.decide(report(), settings(thresholds={"latency_p95_ms": 1.0}))

@@ -88,6 +88,32 @@ def _to_cpu(tree):
     return pytree.tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, tree)
 
 
+def _differs(a, b):
+    """Whether two input trees differ (values, or structure)."""
+    la, lb = pytree.tree_flatten(a)[0], pytree.tree_flatten(b)[0]
+    if len(la) != len(lb):
+        return True
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return True
+            if x.is_floating_point() or x.is_complex():  # (NaN inputs equal themselves here)
+                if not torch.equal(x.isnan(), y.isnan()):
+                    return True
+                x, y = torch.where(x.isnan(), 0, x), torch.where(y.isnan(), 0, y)
+            if not torch.equal(x, y):
+                return True
+        elif not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
+            try:
+                if bool(x != y):
+                    return True
+            except Exception:  # noqa: BLE001 - values that do not compare: not judged
+                pass
+        else:
+            return True
+    return False
+
+
 def run_side(runner, batch_size, train_steps):
     """(outputs on the CPU, losses or None): one call, or `train_steps`
     training steps on the same batch (the outputs of the first)."""
@@ -106,6 +132,7 @@ def compare_sides(workload, baseline_device, frontends, batch_size, train_steps,
     outputs and losses, to save). `baseline`: those captured elsewhere
     (--against), instead of running the baseline here."""
     base_in = workload.inputs(batch_size, "cpu")
+    unstable = _differs(base_in, workload.inputs(batch_size, "cpu"))
     if baseline is None:
         base_out, base_losses = run_side(Runner(workload, baseline_device), batch_size, train_steps)
     else:
@@ -118,6 +145,10 @@ def compare_sides(workload, baseline_device, frontends, batch_size, train_steps,
         for (name, b), (_, t) in zip(named_b, named_t):
             rtol, atol = workload.tolerance(b.dtype)
             rows.append({"frontend": frontend, **compare(name, b, t, rtol, atol)})
+        if unstable:  # (other randomness than torch's: numpy, random, time)
+            rows.append({"frontend": frontend, "name": "inputs", "pass": False, "error":
+                         "make_inputs gave other values on a second call with torch's generator seeded the same: "
+                         "the baseline and tpu computed different inputs (seed numpy/random in make_inputs)"})
         if len(named_b) != len(named_t):
             rows.append({"frontend": frontend, "name": "outputs", "pass": False, "error":
                          f"{len(named_t)} output tensors on tpu, {len(named_b)} on the baseline"})

@@ -288,10 +288,23 @@ class Assessment:
         self.against_meta = None
         if not self.against:
             return
-        with open(self.against) as f:
-            meta = json.load(f)
+        try:
+            with open(self.against) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--against {self.against}: not a readable baseline.json ({e})") from e
+        need = ("precision", "batch_sizes", "weights_sha256", "outputs_file", "device")
+        missing = [k for k in need if not isinstance(meta, dict) or k not in meta]
+        if missing:
+            raise ValueError(f"--against {self.against}: not a baseline.json from --baseline-only "
+                             f"(missing {', '.join(missing)})")
         w = self.workload
         problems = []
+        steps = self.settings["numerics"]["train_steps"] or w.train_steps
+        if meta.get("mode", w.mode) != w.mode:  # (baselines from before the field: not known)
+            problems.append(f"mode {meta['mode']} there, {w.mode} here")
+        elif w.mode == "training" and meta.get("train_steps", steps) != steps:
+            problems.append(f"{meta['train_steps']} training steps there, {steps} here")
         if meta["precision"] != w.precision:
             problems.append(f"precision {meta['precision']} there, {w.precision} here")
         if meta["batch_sizes"] != self.batch_sizes:
@@ -369,15 +382,19 @@ def capture_baseline(spec, out_dir, device, config_path=None, quick=False, overr
     steps = a.settings["numerics"]["train_steps"] or a.workload.train_steps
     result, fail = _run_worker(a._request("capture", device=device, numerics_batch_size=nb, train_steps=steps),
                                a.work, a._timeout())
+    if not fail and "outputs_file" not in result:  # (the worker caught the error: a bad device)
+        fail = (result.get("failures") or [{"error": result.get("error", "no outputs")}])[0]
     if fail:
-        raise RuntimeError(f"baseline capture failed: {fail['error']}")
+        raise RuntimeError(f"baseline capture on {device!r} failed: {fail['error']}")
     perf, fail = _run_worker(a._request("performance", device=device, frontend="eager", cache="cold",
                                         warmup=run["warmup"], iterations=run["iterations"]), a.work, a._timeout())
+    if not fail and "latency" not in perf:
+        fail = (perf.get("failures") or [{"error": perf.get("error", "no figures")}])[0]
     if fail:
-        raise RuntimeError(f"baseline performance failed: {fail['error']}")
+        raise RuntimeError(f"baseline performance on {device!r} failed: {fail['error']}")
     shutil.copy(result["outputs_file"], os.path.join(a.out_dir, "baseline_outputs.pt"))
     meta = {"schema_version": SCHEMA_VERSION, "device": device, "precision": a.workload.precision,
-            "batch_sizes": a.batch_sizes, "numerics_batch_size": nb, "train_steps": steps,
+            "mode": a.workload.mode, "batch_sizes": a.batch_sizes, "numerics_batch_size": nb, "train_steps": steps,
             "weights_sha256": _fingerprint(a.workload), "outputs_file": "baseline_outputs.pt",
             "performance": {"cold_start": [perf["cold_start"]], "latency": perf["latency"],
                             "throughput": perf["throughput"]},

@@ -93,12 +93,19 @@ def decide(report, settings):
     if mem:
         need = settings["memory"]["required_batch"] or max(report["workload"]["batch_sizes"])
         largest = mem.get("largest_batch")
-        ok = largest is not None and largest >= need
-        criteria.append({"name": "memory", "pass": ok, "value": f"largest batch {largest}",
-                         "threshold": f">= batch {need}" + (f" within {mem['limit_bytes'] / 2**30:.2f} GiB"
-                                                           if mem.get("limit_bytes") else ""), "detail": ""})
-        if not ok:
-            blocking.append(f"memory: batch {need} does not fit (largest that runs: {largest})")
+        threshold = f">= batch {need}" + (f" within {mem['limit_bytes'] / 2**30:.2f} GiB"
+                                          if mem.get("limit_bytes") else "")
+        if largest is None and mem.get("first_oom_batch") is None:
+            # The step failed at every batch for another reason (listed with the
+            # failures): nothing is known about memory, which is not the blocker.
+            criteria.append({"name": "memory", "pass": None, "value": "not measured (the step failed)",
+                             "threshold": threshold, "detail": ""})
+        else:
+            ok = largest is not None and largest >= need
+            criteria.append({"name": "memory", "pass": ok, "value": f"largest batch {largest}",
+                             "threshold": threshold, "detail": ""})
+            if not ok:
+                blocking.append(f"memory: batch {need} does not fit (largest that runs: {largest})")
     if cost and cost["rows"] and t["max_cost_ratio"] is not None:
         by_side = {r["side"]: r for r in cost["rows"]}
         key = "cost_per_1000" if all(r["cost_per_1000"] is not None for r in cost["rows"]) \

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 MODES = ("inference", "training", "generation")
+INPUT_SEED = 1234  # torch's CPU generator's seed while make_inputs runs (Workload.inputs)
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
               "float64": torch.float64}
 
@@ -113,7 +114,10 @@ class Workload:
 
     def inputs(self, batch_size, device, targets=False):
         """make_inputs(batch_size) (or make_targets), float tensors in the
-        precision, on `device`."""
+        precision, on `device`. torch's CPU generator is seeded for the call
+        (and restored after): an unseeded `torch.randn(b, 8)` gives the
+        baseline and every tpu frontend, in any process and call order, the
+        same inputs (it gave each its own, and a false numerics failure)."""
         make = self.make_targets if targets else self.make_inputs
         if make is None:
             return None
@@ -127,7 +131,9 @@ class Workload:
             if isinstance(x, dict):
                 return {k: move(v) for k, v in x.items()}
             return x
-        return move(make(batch_size))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(INPUT_SEED + (1 if targets else 0))
+            return move(make(batch_size))
 
 
 def call(model, inputs):
