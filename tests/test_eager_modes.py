@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import torch_pjrt
+
 from conftest import assert_same, make, tpu, run_python
 
 WAITS = (
@@ -180,3 +182,38 @@ def test_time_program_chain_feeds_each_calls_outputs_to_the_next():
     with pytest.raises(IndexError, match="output 7 out of range"):
         torch_pjrt._state.C.time_program_chain(text, [x, yt], [(0, 7)], 1)
     torch.testing.assert_close(x.cpu(), x0 + 5)  # checked before any call: nothing donated
+
+
+@pytest.mark.parametrize("env,message", [
+    # Each was read at its first use (a bad value raised at some later op) or
+    # misread (0 devices gave the default 2; "1.5" became a 1-byte limit).
+    ({"TORCH_PJRT_FALLBACK": "bogus"}, "TORCH_PJRT_FALLBACK must be 'cpu' or 'error'"),
+    ({"TORCH_PJRT_FUSED_COMPILE": "bogus"}, "TORCH_PJRT_FUSED_COMPILE must be 'auto' or 'second'"),
+    ({"TORCH_PJRT_CPU_DEVICES": "abc"}, "TORCH_PJRT_CPU_DEVICES must be a whole number >= 1"),
+    ({"TORCH_PJRT_CPU_DEVICES": "0"}, "TORCH_PJRT_CPU_DEVICES must be a whole number >= 1"),
+    ({"TORCH_PJRT_MEMORY_LIMIT": "1.5"}, "TORCH_PJRT_MEMORY_LIMIT must be bytes"),
+])
+def test_bad_settings_fail_the_import(env, message):
+    r = run_python("import torch, torch_pjrt\nprint((torch.ones(2, device='tpu') + 1).cpu())\n", **env)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_unknown_log_topic_is_named():
+    r = run_python("import torch, torch_pjrt\nprint((torch.ones(2, device='tpu') + 1).cpu())\n",
+                   TORCH_PJRT_LOG="recompiles,bogus")
+    assert r.returncode == 0 and "TORCH_PJRT_LOG names unknown topics ['bogus']" in r.stderr, r.stderr
+
+
+def test_python_settings_check_their_arguments():
+    with pytest.raises(TypeError, match="must be a bool"):
+        torch_pjrt.set_checks("off")  # (bool("off") turned the checks on)
+    assert torch_pjrt.checks_enabled()
+    with pytest.raises(TypeError, match="whole number of bytes"):
+        torch_pjrt.set_memory_limit(1.5)  # (a 1-byte limit before)
+    try:
+        torch_pjrt.set_memory_limit("1G")  # (as the env variable and the cache CLI read sizes)
+        assert torch_pjrt.memory_limit(0) == 1 << 30
+    finally:
+        torch_pjrt.set_memory_limit(0)
+    with pytest.raises(ValueError, match="not a size"):
+        torch_pjrt.set_memory_limit("1.5x")

@@ -955,3 +955,35 @@ def test_a_long_trace_in_a_tight_loop_is_not_compiled_at_its_second_sighting():
     assert m1["fused_max_ops_per_flush"] > 512
     assert delta(m0, m1, "fused_programs_compiled") == 0
     assert delta(m0, m1, "fused_deferred_compiles") >= 1
+
+
+def test_unbalanced_region_exit_is_refused_and_regions_still_work():
+    # A stray exit took the region count below zero: every later region was off.
+    with pytest.raises(RuntimeError, match="exit without a matching enter"):
+        torch_pjrt.fused().__exit__(None, None, None)
+    with torch_pjrt.fused():
+        assert torch_pjrt.fused_active()
+
+
+def test_one_region_object_nested_restores_the_pipeline_setting():
+    # Its second enter overwrote the setting to restore: pipeline=False stayed on.
+    before = torch_pjrt._state.C.set_fused_pipeline(True)
+    torch_pjrt._state.C.set_fused_pipeline(before)
+    region = torch_pjrt.fused(pipeline=not before)
+    with region:
+        with region:
+            pass
+    assert torch_pjrt._state.C.set_fused_pipeline(before) == before
+
+
+def test_region_inside_torch_compile_is_silent(recwarn):
+    # Dynamo warned that it cannot trace the region's C++ enter; the graph is
+    # one program anyway, so the region is a no-op while tracing.
+    torch._dynamo.reset()
+
+    def f(x):
+        with torch_pjrt.fused():
+            y = x * 2 + 1
+        return y.sum()
+    assert torch.compile(f, backend="tpu")(tpu(torch.ones(4))).item() == 12.0
+    assert not [w for w in recwarn if "Dynamo does not know how to trace" in str(w.message)]

@@ -51,7 +51,19 @@ def _initialize():
     C = _loader.load_extension()
     name, path = _plugin.choose(C)
     _chosen_plugin[:] = [name, path]
-    cpu_devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "2"))
+    topics = {t.strip() for t in os.environ.get("TORCH_PJRT_LOG", "").split(",") if t.strip()}
+    if topics - {"recompiles", "graphs"}:
+        import warnings
+        warnings.warn(f"torch_pjrt: TORCH_PJRT_LOG names unknown topics {sorted(topics - {'recompiles', 'graphs'})} "
+                      "(known: recompiles, graphs)", RuntimeWarning, stacklevel=2)
+    raw = os.environ.get("TORCH_PJRT_CPU_DEVICES", "2")
+    try:
+        cpu_devices = int(raw)
+    except ValueError:
+        cpu_devices = 0
+    if cpu_devices < 1:
+        raise RuntimeError(f"torch_pjrt: TORCH_PJRT_CPU_DEVICES must be a whole number >= 1 (the CPU plugin's "
+                           f"devices), got {raw!r}")
     # XLA logs informational lines on stderr while the plugin starts (e.g.
     # "cpu_device_count set via create_options"); quiet unless the user set
     # a level. Only for the start-up: the variable is put back afterwards.
@@ -185,21 +197,26 @@ class fused:
         if pipeline is not None and not isinstance(pipeline, bool):
             raise TypeError(f"torch_pjrt.fused: pipeline must be a bool or None, got {type(pipeline).__name__}")
         self._pipeline = pipeline
-        self._was = None
+        self._was = []  # the pipeline setting each open use of this instance replaced (nesting)
 
     def __enter__(self):
+        import torch.compiler
+        if torch.compiler.is_compiling():  # inside torch.compile the graph is one program already
+            return self
         if self._pipeline is not None:
-            self._was = _state.C.set_fused_pipeline(self._pipeline)
+            self._was.append(_state.C.set_fused_pipeline(self._pipeline))
         _state.C.fused_enter()
         return self
 
     def __exit__(self, *exc):
+        import torch.compiler
+        if torch.compiler.is_compiling():
+            return False
         try:
-            _state.C.fused_leave()
+            _state.C.fused_leave()  # (RuntimeError for an exit with no region open)
         finally:
-            if self._was is not None:
-                _state.C.set_fused_pipeline(self._was)
-                self._was = None
+            if self._pipeline is not None and self._was:
+                _state.C.set_fused_pipeline(self._was.pop())
         return False
 
     def __call__(self, fn):
@@ -273,7 +290,9 @@ def checks_enabled():
 def set_checks(enabled):
     """Turns the in-program value checks on or off for programs run from now on
     (each setting has its own programs; debug mode always checks)."""
-    _state.C.set_checks_enabled(bool(enabled))
+    if not isinstance(enabled, bool):  # (bool("off") is True)
+        raise TypeError(f"torch_pjrt.set_checks: enabled must be a bool, got {enabled!r}")
+    _state.C.set_checks_enabled(enabled)
 
 
 def memory_limit(device=None):
@@ -281,10 +300,26 @@ def memory_limit(device=None):
     return _state.C.memory_limit(device_module._index(device))
 
 
+def _parse_bytes(text, what):
+    from .cache import parse_size
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    return 0 if size is None else size
+
+
 def set_memory_limit(nbytes, device=None):
     """Makes the device behave as one with `nbytes` of memory (all devices
     when device is None): allocations past it raise torch.OutOfMemoryError.
-    0 removes the limit. TORCH_PJRT_MEMORY_LIMIT sets it at start-up."""
+    0 removes the limit; a size text ("8GiB", "500M") is read as the cache CLI's.
+    TORCH_PJRT_MEMORY_LIMIT sets it at start-up."""
+    if isinstance(nbytes, str):
+        nbytes = _parse_bytes(nbytes, "torch_pjrt.set_memory_limit")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or \
+            (isinstance(nbytes, float) and not nbytes.is_integer()):  # (1.5 became a 1-byte limit)
+        raise TypeError(f"torch_pjrt.set_memory_limit: nbytes must be a whole number of bytes or a size such as "
+                        f"'1G', got {nbytes!r}")
     if int(nbytes) < 0:
         raise ValueError(f"torch_pjrt: a memory limit must be >= 0 bytes (0: none), got {nbytes}")
     devices = range(device_module.device_count()) if device is None else [device_module._index(device)]

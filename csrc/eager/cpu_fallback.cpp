@@ -114,6 +114,8 @@ class TpuGeneratorsOnCpu {
 // What PyTorch's generated device check (ATen/core/adaption.cpp) raises on
 // CUDA for an op given tensors on two devices. The CPU kernel would
 // otherwise write into a CPU out= tensor, or read a CPU operand, and succeed.
+void read_fallback_setting() { fallback_is_error(); }
+
 void check_fallback_devices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& sargs = op.schema().arguments();
   std::optional<c10::Device> common;

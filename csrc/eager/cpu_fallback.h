@@ -14,6 +14,8 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool dt
 // What run_on_cpu does before running: the device check, the
 // TORCH_PJRT_FALLBACK=error refusal, the count and the first-time warning
 // (for fallbacks that copy arguments themselves: device/nested.cpp).
+// Reads TORCH_PJRT_FALLBACK now (the import), so a bad value fails there, not at a first fallback.
+void read_fallback_setting();
 void enter_cpu_fallback(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool dtype_limited = false);
 
 // Raises PyTorch's device-mismatch error when an argument of `op` is not on

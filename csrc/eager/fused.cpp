@@ -638,12 +638,20 @@ std::vector<runtime::BufferPtr> fused_detail::run_fused(const Trace& t, const En
   return outs;
 }
 
+void read_fused_settings() { compile_at_second(); }
+
 bool fused_active() { return (g_regions.load(std::memory_order_relaxed) > 0 || env_fused()) && !debug_mode(); }
 
 void fused_enter() { g_regions.fetch_add(1); }
 
 void fused_leave() {
-  if (g_regions.fetch_sub(1) == 1) fused_flush("region_end");
+  // An exit without its enter would leave the count below zero and every
+  // later region off: refused, the count kept.
+  int open = g_regions.load();
+  do {
+    if (open <= 0) throw std::runtime_error("torch_pjrt.fused: exit without a matching enter (no region is open)");
+  } while (!g_regions.compare_exchange_weak(open, open - 1));
+  if (open == 1) fused_flush("region_end");
 }
 
 FlushReason::FlushReason(const char* why) : previous_(t_reason) { t_reason = why; }

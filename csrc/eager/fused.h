@@ -20,6 +20,8 @@ struct OpInstance;
 
 // Whether ops are recorded now (the environment's default, or a fused()
 // region open anywhere in the process; never in debug mode).
+// Reads the fused settings read lazily (TORCH_PJRT_FUSED_COMPILE) now, at the import.
+void read_fused_settings();
 bool fused_active();
 // fused() regions: enter adds one, leave removes one and runs the trace when
 // the last region closes.

@@ -11,6 +11,7 @@
 #include "device/generator.h"
 #include "device/lowering_routes.h"
 #include "device/storage.h"
+#include "eager/cpu_fallback.h"
 #include "eager/cpu_threads.h"
 #include "eager/executor.h"
 #include "eager/fused.h"
@@ -63,6 +64,8 @@ PYBIND11_MODULE(torch_pjrt_C, m) {
     runtime::Runtime::compile_threads();  // (TORCH_PJRT_COMPILE_THREADS too)
     device::route_composite_ops_to_lowerings();
     device::route_nested_ops_to_cpu();
+    eager::read_fallback_setting();  // (bad values fail the import, as the others do)
+    eager::read_fused_settings();
     eager::note_home_thread();  // CPU ops of ours elsewhere run serially (cpu_threads.h)
     // torch.autocast("tpu") without a dtype: bfloat16, what TPUs compute in
     // (PyTorch's default for PrivateUse1 is float16). The setting is

@@ -156,7 +156,7 @@ namespace {
 std::atomic<bool> g_forked_child{false};
 void on_fork_child() { g_forked_child = true; }
 
-// TORCH_PJRT_MEMORY_LIMIT: bytes ("8GiB", "500M", "8e9"), or a fraction of
+// TORCH_PJRT_MEMORY_LIMIT: bytes ("8GiB", "500M", "8000000000"), or a fraction of
 // the device's memory ("0.5", "50%"). 0 / unset: no limit below the device's.
 int64_t configured_limit(int64_t total) {
   const char* v = std::getenv("TORCH_PJRT_MEMORY_LIMIT");
@@ -178,7 +178,10 @@ int64_t configured_limit(int64_t total) {
     return static_cast<int64_t>(f * static_cast<double>(total));
   }
   std::optional<int64_t> bytes = parse_byte_size(s);
-  if (!bytes)
+  // (A plain number with a fraction past 1, "1.5": neither a fraction of the
+  // memory nor whole bytes; it became a 1-byte limit.)
+  bool unitless_fraction = s.find('.') != std::string::npos && end && *end == '\0';
+  if (!bytes || unitless_fraction)
     throw std::invalid_argument("torch_pjrt: TORCH_PJRT_MEMORY_LIMIT must be bytes (e.g. 8GiB, 500M) or a "
                                 "fraction of the device's memory (e.g. 0.5, 50%), got '" + s + "'");
   return *bytes;
