@@ -275,6 +275,21 @@ def test_bad_workload_is_a_clear_error(tmp_path, spec, message):
     assert message in p.stderr and "Traceback" not in p.stderr
 
 
+def test_workload_with_a_syntax_error_and_an_out_file_are_usage_errors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ndef f(:\n")
+    p = assess(tmp_path, f"{bad}:f", expect_rc=2)  # (it exited 1)
+    assert "invalid syntax" in p.stderr and "Traceback" not in p.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "report").write_text("")  # --out names a file
+    p = assess(other, "examples/workloads.py:cnn", expect_rc=2)
+    assert "exists and is not a directory" in p.stderr and "FileExistsError" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "torch_pjrt"], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "usage" in p.stderr  # no command (it exited 0)
+
+
 def test_bad_config_is_a_clear_error(tmp_path):
     p = assess(tmp_path, "examples/workloads.py:cnn", config="[run]\nwarmpu = 3\n", expect_rc=2)
     assert "unknown setting" in p.stderr and "warmpu" in p.stderr

@@ -28,6 +28,8 @@ def _assess(argv):
     args = p.parse_args(argv)
     if bool(args.workload) == bool(args.hf):
         p.error("give either WORKLOAD or --hf DIR")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: exists and is not a directory (the report is written into a directory)")
     spec = f"hf:{args.hf}" if args.hf else args.workload
     from torch_pjrt.assess import runner
     overrides = {"run": {"baseline_device": args.device}} if args.device else None
@@ -39,7 +41,7 @@ def _assess(argv):
             return 0
         report = runner.Assessment(spec, args.out, args.config, args.quick, overrides, args.against,
                                    not args.no_progress).run()
-    except (ValueError, FileNotFoundError, AttributeError, TypeError, ImportError) as e:
+    except (ValueError, FileNotFoundError, AttributeError, TypeError, ImportError, SyntaxError) as e:
         print(f"torch_pjrt assess: {e}", file=sys.stderr)  # the workload or the settings
         return 2
     except Exception as e:  # noqa: BLE001
@@ -63,8 +65,9 @@ def main(argv=None):
         print("usage: python -m torch_pjrt {assess,readiness,cache} ...\n"
               "  assess     assess moving a PyTorch model to an XLA device (python -m torch_pjrt assess -h)\n"
               "  readiness  compile a workload for TPU topologies, no TPU needed (python -m torch_pjrt readiness -h)\n"
-              "  cache      the persistent executable cache (python -m torch_pjrt cache -h)")
-        return 0
+              "  cache      the persistent executable cache (python -m torch_pjrt cache -h)",
+              file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2  # (no command is a usage error, as argparse's)
     command, rest = argv[0], argv[1:]
     if command == "assess":
         return _assess(rest)
