@@ -31,6 +31,8 @@ def _assess(argv):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         p.error(f"--out {args.out}: exists and is not a directory (the report is written into a directory)")
     spec = f"hf:{args.hf}" if args.hf else args.workload
+    if args.no_progress:  # (transformers' and the Hub's bars too, here and in the workers)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     from torch_pjrt.assess import runner
     overrides = {"run": {"baseline_device": args.device}} if args.device else None
     try:
