@@ -5,6 +5,7 @@ growing with batch, a model that cannot fit one chip but fits four), not
 against numbers written down."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -288,17 +289,17 @@ def test_libtpu_absent_gives_clear_message(tmp_path):
 def test_cli_table_and_json(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "torch_pjrt", "readiness", "examples/workloads.py:cnn",
-                        "--topology", "v5e:2x2,v6e:2x2", "--batch", "1,8", "--chips", "1,2", "--json", str(out)],
+                        "--topology", "v5e:2x2,v6e:2x2", "--batch", "2,8", "--chips", "1,2", "--json", str(out)],
                        env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "ESTIMATE" in p.stdout and "v6e:2x2" in p.stdout
     rows = json.loads(out.read_text())
     assert len(rows) == 2 * 2 * 2
     assert {(r["topology"], r["chips"], r["batch_size"]) for r in rows} == {
-        (t, c, b) for t in ("v5e:2x2", "v6e:2x2") for c in (1, 2) for b in (1, 8)}
+        (t, c, b) for t in ("v5e:2x2", "v6e:2x2") for c in (1, 2) for b in (2, 8)}
     assert all(r["fits"] and r["step_flops"] > 0 for r in rows)
     by = {(r["topology"], r["chips"], r["batch_size"]): r for r in rows}
-    assert by[("v5e:2x2", 1, 8)]["step_flops"] > by[("v5e:2x2", 1, 1)]["step_flops"]
+    assert by[("v5e:2x2", 1, 8)]["step_flops"] > by[("v5e:2x2", 1, 2)]["step_flops"]
     assert by[("v5e:2x2", 2, 8)]["step_flops"] < by[("v5e:2x2", 1, 8)]["step_flops"]
 
 
@@ -373,3 +374,101 @@ def test_workload_with_keyword_inputs():
                  batch_sizes=(2,))
     rows = cli.workload_rows(w, ["v5e:2x2"], [2, 8])
     assert all("error" not in r and r["fits"] for r in rows), rows
+
+
+# ---- misuse: clear errors, before anything compiles -----------------------------------------
+
+CNN = os.path.join(ROOT, "examples", "workloads.py") + ":cnn"
+
+
+def _cli(capsys, *argv):
+    """The command in this process: (exit status, stdout, stderr)."""
+    from torch_pjrt.readiness import cli
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "under_a_file", "a_dir"])
+def test_cli_json_path_checked_before_compiling(capsys, tmp_path, where):
+    # It was opened after every compile: a traceback, and the figures lost.
+    (tmp_path / "file").write_text("")
+    path = {"missing_dir": tmp_path / "nope" / "x.json", "under_a_file": tmp_path / "file" / "x.json",
+            "a_dir": tmp_path}[where]
+    rc, out, err = _cli(capsys, CNN, "--batch", "1", "--json", str(path))
+    assert rc == 2 and out == "", out
+    assert err.count("\n") == 1 and "--json" in err and str(path) in err, err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--batch", "-3"], "argument --batch: must be >= 1, got -3"),
+    (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--batch", "4,x"], "argument --batch: expected comma-separated integers"),
+    (["--chips", "0"], "argument --chips: must be >= 1, got 0"),
+    (["--tolerance", "-1"], "argument --tolerance: must be >= 0"),
+    (["--tolerance", "nan"], "argument --tolerance: must be >= 0"),
+    (["--max-batch", "0"], "argument --max-batch: must be >= 1"),
+])
+def test_cli_rejects_bad_numbers(capsys, argv, says):
+    rc, out, err = _cli(capsys, CNN, *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and says in err, err
+
+
+def test_cli_workload_with_syntax_error_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def workload(:\n    pass\n")
+    rc, out, err = _cli(capsys, f"{bad}:workload")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "SyntaxError" in err and "bad.py, line 1" in err and "Traceback" not in err
+
+
+def test_inputs_the_host_cannot_allocate_are_a_row_error():
+    # The largest batch's inputs (4 EiB) fail to allocate: that row is an error, the others are figures.
+    from torch_pjrt.assess import Workload
+    from torch_pjrt.readiness import cli
+    w = Workload(name="big", model=lambda: nn.Linear(8, 8),
+                 make_inputs=lambda b: torch.randn(b, 8) if b < 1024 else torch.empty(b, 1 << 40),
+                 batch_sizes=(2,))
+    rows = cli.workload_rows(w, ["v5e:2x2"], [2, 1 << 20])
+    assert "error" not in rows[0] and rows[0]["fits"], rows[0]
+    assert rows[1]["batch_size"] == 1 << 20 and "allocate" in rows[1]["error"], rows[1]
+
+
+def test_batch_that_does_not_split_over_the_chips_is_refused():
+    # It was replicated (every chip the whole batch) while the row said 3 chips, data parallel.
+    with pytest.raises(ValueError, match="batch 4 does not split over 3 chips"):
+        readiness.check(lambda x: x + 1, (torch.ones(4, 8),), chips=3)
+    from torch_pjrt.assess import Workload
+    from torch_pjrt.readiness import cli
+    w = Workload(name="mlp", model=models.MLP, make_inputs=lambda b: torch.randn(b, 32), batch_sizes=(4,))
+    rows = {r["chips"]: r for r in cli.workload_rows(w, ["v5e:2x2"], [4], chips=[1, 2, 3])}
+    assert rows[1]["fits"] and rows[2]["fits"] and rows[2]["chips"] == 2
+    assert "does not split over 3 chips" in rows[3]["error"] and "fits" not in rows[3]
+
+
+@pytest.mark.parametrize("kwargs,error,says", [
+    ({"model_or_fn": None}, TypeError, "model_or_fn must be an nn.Module or a callable, got NoneType"),
+    ({"topology": None}, TypeError, "topology must be a name such as 'v5e:2x2', got None"),
+    ({"chips": "4"}, TypeError, "chips must be an int >= 1, got '4'"),
+    ({"chips": 0}, ValueError, "chips must be >= 1, got 0"),
+    ({"max_batch": 0}, ValueError, "max_batch must be >= 1, got 0"),
+    ({"tolerance": -1}, ValueError, "tolerance must be >= 0"),
+])
+def test_check_argument_errors_name_the_argument(kwargs, error, says):
+    args = dict(model_or_fn=lambda x: x + 1, example_inputs=(torch.ones(4),))
+    args.update(kwargs)
+    with pytest.raises(error, match=re.escape(says)):
+        readiness.check(**args)
+
+
+def test_summary_says_when_the_search_hit_its_limit():
+    # "largest batch 64" read as exact; the table says ">= 64" (64 fits, nothing larger was tried).
+    r = readiness.check(lambda x: x * 2, (torch.ones(4, 8),), find_largest_batch=True, max_batch=64)
+    assert r.largest_batch == 64 and r.smallest_not_fitting is None
+    assert r.summary().endswith("largest batch >= 64"), r.summary()
+    import dataclasses
+    assert dataclasses.replace(r, largest_batch=None, smallest_not_fitting=1).summary().endswith(
+        "largest batch none")
+    assert dataclasses.replace(r, largest_batch=100, smallest_not_fitting=150).summary().endswith(
+        "largest batch 100 (<150)")
+    assert "largest" not in dataclasses.replace(r, largest_batch=None, smallest_not_fitting=None).summary()

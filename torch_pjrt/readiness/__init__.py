@@ -37,9 +37,8 @@ def check(model_or_fn, example_inputs, topology="v5e:2x2", mode="inference", opt
     from . import core as impl
     if mode not in ("inference", "training"):
         raise ValueError(f"torch_pjrt: readiness: mode must be 'inference' or 'training', got {mode!r}")
-    if mode == "training" and not isinstance(model_or_fn, torch.nn.Module) and not callable(model_or_fn):
-        raise TypeError("torch_pjrt: readiness: training needs an nn.Module (or a function returning one)")
-    chips = chips or 1
+    chips = 1 if chips is None else chips
+    impl.validate_args(model_or_fn, topology, chips, max_batch, tolerance)
     optimizer = impl.optimizer_factory(optimizer)
     batch = impl.batch_of(example_inputs)
     programs, persistent = impl.capture_step(model_or_fn, example_inputs, mode, optimizer, loss_fn)
@@ -71,6 +70,7 @@ def search(model_or_fn, example_inputs, topology="v5e:2x2", mode="inference", op
     `captures`: a dict shared between calls (batch -> captured step), so
     several topologies trace each batch once."""
     from . import core as impl
+    impl.validate_args(model_or_fn, topology, chips, max_batch, tolerance)
     base = impl.batch_of(example_inputs)
     captures = {} if captures is None else captures
 
@@ -110,4 +110,4 @@ def check_eager(fn, *args, topology="v5e:2x2", **kwargs):
     return impl.check_programs(eager_programs(fn, *args, **kwargs), {}, topology, 1, "eager", None)
 
 
-import torch  # noqa: E402  (after the docstring's API, for check()'s type test)
+import torch  # noqa: E402  (after the docstring's API; eager_programs uses it)

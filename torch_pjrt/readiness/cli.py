@@ -6,6 +6,7 @@ table; --json writes every figure. The assessment's "TPU readiness" section
 comes from workload_rows()."""
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -47,8 +48,9 @@ def workload_rows(workload, topologies, batches, chips=(1,), largest=False, save
     rows = []
     captures = {}  # batch -> captured step, shared by every topology's largest-batch search
     for b in batches:
-        example = _example(workload, b)
         try:
+            # Inside the try: a batch whose inputs the host cannot allocate is one row's error, like any other.
+            example = _example(workload, b)
             programs, persistent = captures[b] = core.capture_step(model, example, mode, workload.optimizer)
             captured = None
         except Exception as e:  # noqa: BLE001  (e.g. an op with no lowering: no program for any topology)
@@ -119,6 +121,31 @@ def _table(rows):
     return "\n".join(lines)
 
 
+def _counts(option, text):
+    """A comma-separated list of integers >= 1 (batch sizes, chip counts)."""
+    out = []
+    for item in text.split(","):
+        try:
+            n = int(item)
+        except ValueError:
+            raise ValueError(f"argument {option}: expected comma-separated integers, got {text!r}") from None
+        if n < 1:
+            raise ValueError(f"argument {option}: must be >= 1, got {n}")
+        out.append(n)
+    return out
+
+
+def _check_writable(option, path):
+    """The folder `path` goes in exists and is writable, and `path` is not a folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"argument {option}: {path} is a directory")
+    if not os.path.isdir(folder):
+        raise ValueError(f"argument {option}: cannot write {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"argument {option}: cannot write {path}: permission denied")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m torch_pjrt readiness",
@@ -136,24 +163,44 @@ def main(argv=None):
     p.add_argument("--json", metavar="FILE", help="write every figure there")
     p.add_argument("--save-dir", metavar="DIR", help="serialized executables and scheduled HLO text go there")
     args = p.parse_args(argv)
+    # Usage errors before anything compiles: otherwise found only after every
+    # compile (--json), or as a traceback deep in the workload (--batch -3).
+    try:
+        batches = _counts("--batch", args.batch) if args.batch else None
+        chips = _counts("--chips", args.chips)
+        if args.max_batch < 1:
+            raise ValueError(f"argument --max-batch: must be >= 1, got {args.max_batch}")
+        if not args.tolerance >= 0:  # also NaN
+            raise ValueError(f"argument --tolerance: must be >= 0 (a fraction), got {args.tolerance}")
+        if args.json:
+            _check_writable("--json", args.json)
+    except ValueError as e:
+        print(f"torch_pjrt readiness: error: {e}", file=sys.stderr)
+        return 2
     if not available():
         print(f"torch_pjrt readiness: {install_hint()}", file=sys.stderr)
         return 2
     from torch_pjrt.assess.workload import load_spec
     try:
         workload = load_spec(args.workload)
-        batches = [int(b) for b in args.batch.split(",")] if args.batch else list(workload.batch_sizes)
-        chips = [int(c) for c in args.chips.split(",")]
+    except SyntaxError as e:  # the workload file itself: one line, as the assessment reports it
+        print(f"torch_pjrt readiness: SyntaxError: {e}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, AttributeError, TypeError, ImportError) as e:
         print(f"torch_pjrt readiness: {e}", file=sys.stderr)
         return 2
+    batches = batches or list(workload.batch_sizes)
     rows = workload_rows(workload, args.topology.split(","), batches, chips, args.largest, args.save_dir,
                          args.tolerance, args.max_batch)
     print(f"{workload.name}, {workload.precision}; memory: XLA's compiled statistics; "
           "step time and items/s: roofline ESTIMATES from published peaks, not measurements")
     print(_table(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        except OSError as e:  # checked up front, but the disk can still fill or the folder go
+            print(f"torch_pjrt readiness: cannot write --json {args.json}: {e}", file=sys.stderr)
+            return 1
         print(f"figures: {args.json}")
     return 0 if all("error" not in r for r in rows) else 1

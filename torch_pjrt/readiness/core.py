@@ -78,11 +78,23 @@ class Report:
         d["estimate"] = "roofline estimate from published peaks, not a measurement"
         return d
 
+    def largest_text(self):
+        """The searched largest batch as the CLI's table shows it: "L",
+        "L (<N)" (stopped within the tolerance), ">= L" (L fits and no larger
+        batch was found too big: the search hit max_batch), "none" (not even
+        `chips` fits), or "" when no search ran."""
+        lo, hi = self.largest_batch, self.smallest_not_fitting
+        if lo is None:
+            return "none" if hi else ""
+        if hi is None:
+            return f">= {lo}"
+        return str(lo) if hi - lo <= self.chips else f"{lo} (<{hi})"
+
     def summary(self):
         from .cli import _bytes, _seconds
         fits = "fits" if self.fits else "does NOT fit"
         est = f"{_seconds(self.step_estimate_seconds)} (estimate)" if self.step_estimate_seconds else "n/a"
-        largest = f", largest batch {self.largest_batch}" if self.largest_batch is not None else ""
+        largest = f", largest batch {self.largest_text()}" if self.largest_text() else ""
         return (f"{self.topology} x{self.chips} chip(s), batch {self.batch_size}: {fits} "
                 f"(peak {_bytes(self.step_peak_bytes)} of {_bytes(self.memory_per_chip)} per chip, "
                 f"margin {_bytes(self.margin_bytes)}), {self.step_flops / 1e9:.3g} GFLOP per step per chip, "
@@ -296,7 +308,36 @@ def out_of_memory_bytes(message):
     return int(sum(float(v) * scale[u] for v, u in _SIZE.findall(message)))
 
 
+def check_batch_splits(batch_size, chips):
+    """Data parallel splits the batch over the chips: a batch that does not
+    divide would be replicated (every chip the whole batch), which is not
+    what `chips` promises, so it is refused rather than reported as a split."""
+    if chips > 1 and batch_size is not None and batch_size % chips:
+        raise ValueError(f"torch_pjrt: readiness: batch {batch_size} does not split over {chips} chips "
+                         f"(data parallel: the batch must be a multiple of chips)")
+
+
+def validate_args(model_or_fn, topology, chips, max_batch=1, tolerance=0.0):
+    """The Python API's arguments, checked before anything is traced or
+    compiled (otherwise a pybind signature dump or a Dynamo assertion)."""
+    if not callable(model_or_fn):
+        raise TypeError(f"torch_pjrt: readiness: model_or_fn must be an nn.Module or a callable, "
+                        f"got {type(model_or_fn).__name__}")
+    if not isinstance(topology, str) or not topology:
+        raise TypeError(f"torch_pjrt: readiness: topology must be a name such as 'v5e:2x2', got {topology!r}")
+    for name, value in (("chips", chips), ("max_batch", max_batch)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"torch_pjrt: readiness: {name} must be an int >= 1, got {value!r}")
+        if value < 1:
+            raise ValueError(f"torch_pjrt: readiness: {name} must be >= 1, got {value}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        raise TypeError(f"torch_pjrt: readiness: tolerance must be a number >= 0, got {tolerance!r}")
+    if not tolerance >= 0:  # also NaN
+        raise ValueError(f"torch_pjrt: readiness: tolerance must be >= 0 (a fraction), got {tolerance}")
+
+
 def check_programs(programs, persistent, topology, chips, mode, batch_size, save_dir=None, keep_hlo=True):
+    check_batch_splits(batch_size, chips)
     figures, (kind, n_devices, memory, peak, cores) = compile_programs(programs, persistent, topology, chips, save_dir,
                                                                 keep_hlo)
     # The step's peak: the largest program's peak plus what stays in memory
