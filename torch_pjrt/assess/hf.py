@@ -73,5 +73,12 @@ def make_tiny_llama(directory, vocab=128, seed=0):
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(directory)
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # (a "Writing model shards" bar for a 1-file model is noise)
+    try:
+        LlamaForCausalLM(cfg).save_pretrained(directory)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return directory
