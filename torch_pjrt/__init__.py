@@ -200,7 +200,6 @@ class fused:
         self._was = []  # the pipeline setting each open use of this instance replaced (nesting)
 
     def __enter__(self):
-        import torch.compiler
         if torch.compiler.is_compiling():  # inside torch.compile the graph is one program already
             return self
         if self._pipeline is not None:
@@ -209,7 +208,6 @@ class fused:
         return self
 
     def __exit__(self, *exc):
-        import torch.compiler
         if torch.compiler.is_compiling():
             return False
         try:

@@ -250,12 +250,8 @@ class _Walker(HigherOrderOps):
             # Assertions. PyTorch checked those on sizes and metadata while
             # tracing (_assert_tensor_metadata, _assert_scalar); one on the data
             # (_assert_async) has a lowering: a device check.
-            target = registry_lowering(schema)
-            if target is None:
-                return None
-            if origins := int_origins((args, kwargs)):
-                raise NeedsValue(origins, f"aten::{name} with an int input")
-            self.prog.call(target[0], target[1], self.pack(schema, args, kwargs), [])
+            if registry_lowering(schema) is not None:
+                self.lower_check(op, args, kwargs)
             return None
         origins = int_origins((args, kwargs))
         if name == "copy_" and not origins:
@@ -480,16 +476,21 @@ class _Walker(HigherOrderOps):
         that returns nothing and has a lowering (_linalg_check_errors: a device
         check) is lowered in place; the program keeps the order of its checks."""
         token, op, *rest = args
+        self.lower_check(op, rest, kwargs)
+        return (token,)
+
+    def lower_check(self, op, args, kwargs):
+        """An op that returns nothing, through its lowering: device checks
+        (_assert_async, _linalg_check_errors)."""
         schema = getattr(op, "_schema", None)
         target = registry_lowering(schema) if schema is not None and not schema.returns else None
         if target is None or target[2]:
-            raise Unsupported(op, "an effectful op (with_effects) with no graph lowering")
-        if int_origins((rest, kwargs)):
-            raise NeedsValue(int_origins((rest, kwargs)), f"{op} with an int input")
-        ids, mutations, _ = self.prog.call(target[0], target[1], self.pack(schema, rest, kwargs), [])
+            raise Unsupported(op, "an op with no results and no graph lowering")
+        if int_origins((args, kwargs)):
+            raise NeedsValue(int_origins((args, kwargs)), f"{op} with an int input")
+        _, mutations, _ = self.prog.call(target[0], target[1], self.pack(schema, args, kwargs), [])
         if mutations:
             raise Unsupported(op, "its lowering writes an argument")
-        return (token,)
 
     def decompose(self, op, args, kwargs):
         fn = decomposition(op)
@@ -673,9 +674,12 @@ def _on_cpu(v):
 
 
 def _host_only(node):
-    """An op with no results (an assertion) that the host part runs."""
+    """A check on CPU values that the host part runs: an op with no results
+    and a lowering (_assert_async). Size assertions stay out: they hold
+    already, and a host part costs every call."""
     schema = getattr(node.target, "_schema", None)
-    return node.op == "call_function" and schema is not None and not schema.returns and not mutates(schema)
+    return node.op == "call_function" and schema is not None and not schema.returns and not mutates(schema) \
+        and registry_lowering(schema) is not None
 
 
 def split_host(gm, args):

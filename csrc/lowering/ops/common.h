@@ -67,8 +67,8 @@ std::pair<double, double> integer_range(DType t);
 // be converted to type int8_t without overflow" for int8 fill_(300), where
 // compiled graphs (no CPU probe) wrapped it to 44. (Not for float16's 1e5:
 // PyTorch's own where(c, half, 1e5) reaches a fill with it, which CPU allows.)
-// `floats`: float types' ranges too (clamp's bounds: "c10::Half"), and a
-// Python number wrapped into a Tensor argument (compiled graphs) counts.
+// `floats`: float types' ranges too (clamp's bounds: "c10::Half"). A Python
+// number wrapped into a Tensor argument (compiled graphs) is checked as well.
 void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DType t, bool floats = false);
 // A float dtype's largest finite value (float64's for the others).
 double largest_finite(DType t);
