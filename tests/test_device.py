@@ -150,6 +150,59 @@ def test_invalid_device_index():
         torch.zeros(2, device="tpu:7")
     with pytest.raises(RuntimeError, match="invalid device index"):
         torch.tpu.set_device(9)
+    # As CUDA's: an index past the devices is an error, not a silent no-op
+    # (synchronize(7) returned, get_device_name(9) named a platform).
+    for call in (torch.tpu.synchronize, torch.tpu.get_device_name, torch.tpu.current_stream,
+                 torch.tpu.memory_allocated):
+        with pytest.raises(RuntimeError, match="invalid device index 9"):
+            call(9)
+        with pytest.raises(RuntimeError, match="invalid device index 9"):
+            call("tpu:9")
+    torch.tpu.synchronize(-1)  # every device
+
+
+def test_record_stream_is_accepted():
+    # FSDP and communication hooks written for CUDA call it; PJRT keeps a
+    # buffer alive while queued work reads it, so there is nothing to record.
+    x = tpu(torch.arange(4.0))
+    x.record_stream(torch.tpu.current_stream())
+    x.record_stream(torch.tpu.Stream())
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="expected a stream of tpu:0"):
+        x.record_stream(torch.Stream(device="cpu"))
+
+
+def test_resize_past_the_address_space_raises_as_cpu():
+    for size in (2**62, 2**61):
+        t, c = tpu(torch.zeros(6)), torch.zeros(6)
+        with pytest.raises(RuntimeError, match="Storage size calculation overflowed") as cpu_err:
+            c.resize_(size)
+        with pytest.raises(type(cpu_err.value), match="Storage size calculation overflowed"):
+            t.resize_(size)
+        assert t.shape == (6,) and t.untyped_storage().nbytes() == 24
+    with pytest.raises(RuntimeError):
+        tpu(torch.zeros(6)).resize_(-1)
+
+
+def test_storage_slices_name_what_to_do():
+    s = tpu(torch.arange(4.0)).untyped_storage()
+    with pytest.raises(RuntimeError, match=r"slice of a tpu storage.*view of the tensor"):
+        s[:4].tolist()
+    assert s[4] == torch.arange(4.0).untyped_storage()[4]
+
+
+def test_jit_trace_of_convolutions_records_them():
+    # The tracer records _convolution, which convolution's PyTorch kernel
+    # calls; a lowered convolution skipped it, and tracing failed ("Cannot
+    # insert a Tensor that requires grad as a constant").
+    import copy
+    for m, shape in ((torch.nn.Conv1d(2, 3, 2), (1, 2, 5)), (torch.nn.Conv2d(2, 2, 3), (1, 2, 5, 5)),
+                     (torch.nn.ConvTranspose2d(2, 2, 3), (1, 2, 4, 4))):
+        x = torch.randn(shape)
+        traced = torch.jit.trace(copy.deepcopy(m).to("tpu"), (tpu(x),))
+        assert "aten::_convolution" in str(traced.graph)
+        y = torch.randn(shape)
+        torch.testing.assert_close(traced(tpu(y)).cpu(), m(y).detach(), rtol=1e-5, atol=1e-5)
 
 
 def test_incompatible_shapes_raise_like_cpu():
@@ -337,6 +390,8 @@ def test_dlpack_export_is_refused_at_the_export():
     for export in (to_dlpack, lambda t: t.__dlpack__(), lambda t: t.__dlpack__(max_version=(1, 0))):
         with pytest.raises(BufferError, match="cannot export a tensor on tpu:0 through DLPack"):
             export(x)
+    with pytest.raises(BufferError, match="cannot export a tensor on tpu:0 through DLPack"):
+        torch.from_dlpack(x)  # asks __dlpack_device__ first, which knew no "tpu" (a ValueError)
     assert torch.equal(torch.from_dlpack(to_dlpack(torch.arange(3.0))), torch.arange(3.0))  # CPU unaffected
 
 

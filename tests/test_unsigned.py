@@ -41,6 +41,27 @@ def test_copies_and_conversions(dt):
     assert_same(torch.cat([t, t]), torch.cat([x, x]))
 
 
+# Floats past int32's range: uint32 converts through int64 and uint64 as
+# unsigned on CPU (3e9 -> uint32 was INT32_MIN's bits, 2147483648). Out of
+# range values are C++'s undefined conversions, whose CPU results differ
+# between its own kernels (scalar, vectorized): not compared.
+IN_RANGE = {torch.uint32: [0.0, 1.5, -1.0, -1.5, -3e4, 2.0**31, 3e9, 4294967040.0, -2.0**31],
+            torch.uint64: [0.0, 1.5, -1.0, -3e9, 3e9, 1e10, 2.0**62, 2.0**63, 1e19, 2.0**64 - 2.0**40, -2.0**63]}
+
+
+@pytest.mark.parametrize("dt", [torch.uint32, torch.uint64])
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16])
+def test_floats_beyond_int32_convert_to_unsigned_as_cpu(dt, src):
+    x = torch.tensor(IN_RANGE[dt], dtype=src)
+    assert_same(tpu(x).to(dt), x.to(dt))
+    assert_same(torch.compile(lambda v: v.to(dt) * 1, backend="tpu")(tpu(x)), x.to(dt) * 1)
+    out = torch.zeros(len(x), dtype=dt)
+    assert_same(tpu(out).copy_(tpu(x)), out.copy_(x))
+    assert_same(torch.full((2,), 3e9, dtype=dt, device="tpu"), torch.full((2,), 3e9, dtype=dt))
+    big = 1e19 if dt == torch.uint64 else 4e9
+    assert_same(tpu(torch.zeros(2, dtype=dt)).fill_(big), torch.zeros(2, dtype=dt).fill_(big))
+
+
 @pytest.mark.parametrize("dt", UNSIGNED)
 @pytest.mark.parametrize("op", ["and", "or", "xor", "eq", "ne", "eq_scalar", "mul", "sum", "where"])
 def test_supported_ops(dt, op):

@@ -25,7 +25,10 @@ def _refusing(export):
 def install():
     """Wraps the exporters Tensor.__dlpack__ and torch.utils.dlpack.to_dlpack call (idempotent)."""
     import torch.utils.dlpack as dlpack
-    for owner, name in ((torch._C, "_to_dlpack"), (torch._C, "_to_dlpack_versioned"), (dlpack, "to_dlpack")):
+    # __dlpack_device__ is what torch.from_dlpack asks first; it knew no "tpu"
+    # (a ValueError "Unknown device type tpu for Dlpack").
+    for owner, name in ((torch._C, "_to_dlpack"), (torch._C, "_to_dlpack_versioned"), (dlpack, "to_dlpack"),
+                        (torch.Tensor, "__dlpack_device__")):
         fn = getattr(owner, name, None)
         if fn is not None and not getattr(fn, "_torch_pjrt_refuses_tpu", False):
             setattr(owner, name, _refusing(fn))

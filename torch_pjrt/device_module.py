@@ -56,15 +56,23 @@ def current_device():
     return _C().current_device()
 
 
-def _index(device):
+def _index(device, all_devices=False):
+    """The device index `device` names, checked against the devices there are
+    (-1, all devices, where `all_devices`)."""
     if device is None:
         return current_device()
     if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "tpu":
-        raise ValueError(f"Expected a tpu device, but got: {device}")
-    return current_device() if device.index is None else device.index
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        index = current_device() if device.index is None else device.index
+    count = device_count()
+    if not 0 <= index < count and not (all_devices and index == -1):
+        raise RuntimeError(f"torch_pjrt: invalid device index {index}: plugin '{_C().plugin_info()['name']}' "
+                           f"has {count} device(s)")
+    return index
 
 
 def set_device(device):
@@ -95,7 +103,7 @@ OutOfMemoryError = torch.OutOfMemoryError
 
 def synchronize(device=None):
     """Waits for every program launched on the device (all devices if None given as -1)."""
-    _C().synchronize(_index(device))
+    _C().synchronize(_index(device, all_devices=True))
 
 
 def get_device_name(device=None):

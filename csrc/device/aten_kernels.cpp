@@ -100,9 +100,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   auto* impl = self.unsafeGetTensorImpl();
   // As ATen's resize_: a tensor that already has these sizes keeps its strides.
   if (self.sizes() != size) {
+    // The byte count with CPU's overflow check ("Storage size calculation
+    // overflowed"), before the sizes change: 2^62 floats left a tensor whose
+    // storage was 24 bytes.
+    bool negative = std::any_of(size.begin(), size.end(), [](int64_t d) { return d < 0; });
+    size_t needed = negative ? 0 : at::detail::computeStorageNbytesContiguous(size, self.itemsize(),
+                                                                              self.storage_offset());
     impl->set_sizes_contiguous(size);
-    size_t needed = (static_cast<size_t>(self.storage_offset()) + static_cast<size_t>(self.numel())) *
-                    self.itemsize();
     if (self.numel() > 0 && needed > self.storage().nbytes()) grow_storage(self, needed);
   }
   if (memory_format && *memory_format != c10::MemoryFormat::Preserve)
@@ -609,7 +613,16 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 }  // namespace
 
+// CUDA code marks a tensor used on a side stream so its caching allocator does
+// not reuse the memory early (FSDP, communication hooks). PJRT buffers stay
+// alive while work that reads them is queued, so there is nothing to record.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == self.device().type(), "record_stream: expected a stream of ", self.device(),
+              ", got one of ", stream.device());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("record_stream", record_stream);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

@@ -144,8 +144,9 @@ StorageBuffer& storage_of(const c10::Storage& s) {
   // does this, goes through a CPU copy: torch_pjrt/_legacy_save.py.)
   auto addr = reinterpret_cast<uint64_t>(s.data_ptr().get());
   TORCH_CHECK(!(addr >= kFirstAddress && addr < g_next_address.load()),
-              "torch_pjrt: a tensor made from the address of a tpu storage (from_blob) has no memory "
-              "behind it on tpu: copy the tensor to the CPU first");
+              "torch_pjrt: a slice of a tpu storage (storage[a:b]), or a tensor made from a tpu storage's "
+              "address (from_blob), has no memory behind it on tpu: take a view of the tensor instead "
+              "(tensor.view(-1)[a:b]), or copy it to the CPU first");
   TORCH_CHECK(false, "torch_pjrt: tensor storage was not allocated by the tpu allocator");
 }
 

@@ -1,5 +1,6 @@
 #include "eager/executor.h"
 
+#include <ATen/TracerMode.h>
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
 #include <ATen/MemoryOverlap.h>
@@ -384,6 +385,9 @@ struct OpStatic {
   // Its programs have float32 dots or convolutions: keyed by torch's matmul
   // precision too (learned from the first such plan).
   bool f32_precision = false;
+  // torch.jit.trace records not this op but the op its PyTorch kernel calls
+  // (convolution -> _convolution): while tracing, that kernel runs.
+  bool jit_records_inner = false;
 };
 
 // A CPU tensor that is not a scalar among the arguments.
@@ -423,6 +427,8 @@ OpStatic& op_static(const c10::OperatorHandle& op) {
   st->info = lowering::find_lowering(st->base, st->lookup_overload);
   for (auto key : {c10::DispatchKey::CompositeExplicitAutograd, c10::DispatchKey::CompositeExplicitAutogradNonFunctional})
     if (!st->composite && op.hasKernelForDispatchKey(key)) st->composite = key;
+  static const std::set<std::string> untraced = {"convolution", "conv_tbc"};  // PyTorch's DONT_RECORD_TRACE
+  st->jit_records_inner = st->composite && untraced.count(st->base);
   // An overload whose Meta kernel PyTorch got wrong or left out, so no plan
   // can be made for empty outs, takes the CPU fallback (torch 2.13:
   // bucketize.Scalar's Python meta function has no out= argument;
@@ -486,7 +492,8 @@ void lowering_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   auto args = torch::jit::last(*stack, nargs);
   // A routed composite op given CPU data (copy(tpu, cpu), as CUDA takes it):
   // PyTorch's composite kernel moves it, or raises CUDA's mixed-device error.
-  if (st.composite && !st.foreach && has_cpu_tensor(args)) {
+  if (st.composite && !st.foreach &&
+      (has_cpu_tensor(args) || (st.jit_records_inner && at::tracer::impl::is_dispatch_enabled()))) {
     op.callBoxedForDispatchKey(*st.composite, *stack);
     return;
   }

@@ -236,6 +236,27 @@ Value Builder::convert_value(const Value& x, DType to) {
     // Nonzero is true, as in PyTorch (a plain convert would truncate).
     return compare(Cmp::NE, x, splat(Scalar::from_int(0), x.type));
   }
+  if (is_float(x.dtype()) && (to == DType::U32 || to == DType::U64)) {
+    // CPU's uint32 conversion goes through int64 and its uint64 one is
+    // unsigned: [lo, 2^bits) converts exactly, negatives wrap (-1 -> max);
+    // past 2^bits (and +inf) is 0, the rest (NaN, -inf, below lo) 2^(bits-1),
+    // as CPU's elementwise kernels give. Computed in int64 (the same bits).
+    bool u64 = to == DType::U64;
+    Value xf = itemsize(x.dtype()) < 4 ? convert(x, DType::F32) : x;  // exact
+    auto c = [&](double v) { return splat(Scalar::from_float(v), xf.type); };
+    auto i = [&](int64_t v) { return splat(Scalar::from_int(v), TensorType{DType::I64, x.shape()}); };
+    auto within = [&](double lo, double hi) {
+      return binary("and", compare(Cmp::GE, xf, c(lo)), compare(Cmp::LT, xf, c(hi)));
+    };
+    auto to_i64 = [&](const Value& v) { return op("stablehlo.convert", {v}, TensorType{DType::I64, x.shape()}); };
+    double two63 = 9223372036854775808.0, top = u64 ? 18446744073709551616.0 : 4294967296.0;
+    double lo = u64 ? -two63 : -2147483648.0;
+    Value y = select(compare(Cmp::GE, xf, c(top)), i(0), i(u64 ? INT64_MIN : int64_t(1) << 31));
+    if (u64)  // [2^63, 2^64): x - 2^63 (exact) with the top bit set
+      y = select(within(two63, top), binary("add", to_i64(binary("subtract", xf, c(two63))), i(INT64_MIN)), y);
+    y = select(within(lo, u64 ? two63 : top), to_i64(xf), y);
+    return op("stablehlo.convert", {y}, TensorType{to, x.shape()});
+  }
   if (is_float(x.dtype()) && is_integral(to, false)) {
     // PyTorch's CPU kernels convert through int32 (int64 for int64) with the
     // x86 rule: NaN, +-inf and values out of that range give its minimum
