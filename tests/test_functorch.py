@@ -62,3 +62,21 @@ def test_efficient_zeros_on_tpu_without_the_fallback(no_cpu_fallback):
     with Passthrough():  # (crashed: the fallback's CPU ZeroTensor copied over)
         z = torch.ops.aten._efficientzerotensor([2, 3], device="tpu")
     assert_same(z + 1, torch.ones(2, 3))
+
+
+def test_per_sample_gradients_through_attention():
+    # vmap(grad(f)) over scaled_dot_product_attention: the tensors the kernel
+    # choice sees are grad wrappers of batched ones; the fused op (no
+    # batching rule) raised "Batching rule not implemented".
+    import warnings
+    torch.manual_seed(0)
+    q, k = torch.randn(3, 2, 4, 8), torch.randn(2, 4, 8)
+
+    def per_sample(q, k):
+        f = lambda q: torch.nn.functional.scaled_dot_product_attention(q[None], k[None], k[None]).pow(2).sum()
+        return vmap(grad(f))(q)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU's "performance drop" note about its own kernel
+        expected = per_sample(q, k)
+    torch.testing.assert_close(per_sample(tpu(q), tpu(k)).cpu(), expected, rtol=1e-5, atol=1e-5)

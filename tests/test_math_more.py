@@ -788,3 +788,61 @@ def test_zeta_of_a_huge_x_is_its_first_term(dt, no_cpu_fallback):
     torch.testing.assert_close(torch.special.zeta(tpu(x), tpu(q)).cpu(), torch.special.zeta(x, q), rtol=1e-5,
                                atol=torch.finfo(dt).tiny, equal_nan=True)
 
+
+
+@pytest.mark.parametrize("dt,powers", [(torch.float32, range(-37, 39)), (torch.float64, range(-307, 309))])
+def test_log10_is_exact_at_powers_of_ten(dt, powers):
+    # log(x) / ln 10 missed them by an ulp or more, so floor(log10(1000))
+    # was 2 (digit counts); the exponent split keeps each term exact.
+    x = torch.tensor([float(f"1e{k}") for k in powers], dtype=dt)
+    assert torch.equal(torch.log10(tpu(x)).cpu(), torch.log10(x))
+    assert torch.equal(torch.log10(tpu(x)).floor().cpu(), torch.tensor(list(powers), dtype=dt))
+    special = torch.tensor([0.0, -0.0, -1.0, math.inf, math.nan, 0.5], dtype=dt)
+    assert_same(torch.log10(tpu(special)), torch.log10(special))
+    g = torch.Generator().manual_seed(0)
+    r = torch.exp(torch.empty(4000, dtype=torch.float64).uniform_(-80, 80, generator=g)).to(dt)
+    torch.testing.assert_close(torch.log10(tpu(r)).cpu(), torch.log10(r), rtol=4e-7 if dt == torch.float32 else 1e-15,
+                               atol=0)
+
+
+def test_division_by_a_constant_rounds_as_cpu():
+    # XLA turns x / c into x * (1 / c): mean, mse_loss, round(decimals)
+    # were 1 ulp off CPU in about a third of the elements.
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-50, 50, (3000, 3), generator=g).float()
+    assert torch.equal(tpu(x).mean(1).cpu(), x.mean(1))
+    assert torch.equal(F.mse_loss(tpu(x), tpu(x) * 0.5).cpu(), F.mse_loss(x, x * 0.5))
+    for dt in (torch.float32, torch.float64):
+        y = torch.empty(3000, dtype=dt).uniform_(-100, 100, generator=g)
+        for d in (1, 2, 3, -1, -2):
+            assert torch.equal(torch.round(tpu(y), decimals=d).cpu(), torch.round(y, decimals=d)), (dt, d)
+    ties = torch.tensor([6500.0, 10500.0, -2500.0])
+    assert torch.equal(torch.round(tpu(ties), decimals=-3).cpu(), torch.round(ties, decimals=-3))
+
+
+def _max_ulps(got, x, fn, dt):
+    ref = fn(x.double())
+    r = ref.to(dt)
+    spacing = (torch.nextafter(r, torch.tensor(math.inf, dtype=dt)).double() - r.double()).abs()
+    ok = (ref.abs() > torch.finfo(dt).tiny) & torch.isfinite(ref)
+    return ((got.cpu().double() - ref).abs() / spacing)[ok].max().item()
+
+
+@pytest.mark.parametrize("dt,lo,hi,bound", [(torch.float32, 1.0, 9.1, 8), (torch.float64, 1.0, 26.0, 10)])
+def test_erfc_tail_is_accurate(dt, lo, hi, bound):
+    # CHLO's tail is exp(-x*x) * P(1/x): the rounding of x*x cost up to 64
+    # ulps in float32 and 509 in float64 (log_ndtr, Normal's tails).
+    x = torch.linspace(lo, hi, 20001, dtype=torch.float64).to(dt)
+    assert _max_ulps(torch.erfc(tpu(x)), x, torch.erfc, dt) <= bound
+    compiled = torch.compile(lambda v: torch.erfc(v) * 1, backend="tpu")(tpu(x))
+    assert _max_ulps(compiled, x, torch.erfc, dt) <= bound
+
+
+def test_erf_from_one_on_and_ndtr_tails():
+    # chlo.erf was up to 5.3 ulps off on 1 <= |x| < 3.92, which ndtr's
+    # 0.5 * (1 + erf(x / sqrt 2)) turned into 3x the true value at -5.3.
+    x = torch.linspace(1.0, 3.95, 20001)
+    assert _max_ulps(torch.erf(tpu(x)), x, torch.erf, torch.float32) <= 1.5
+    assert _max_ulps(torch.erf(tpu(-x)), -x, torch.erf, torch.float32) <= 1.5
+    t = torch.tensor([-5.304, -4.0, -3.0, 3.0])
+    torch.testing.assert_close(torch.special.ndtr(tpu(t)).cpu(), torch.special.ndtr(t), rtol=0.1, atol=0)

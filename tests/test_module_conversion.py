@@ -202,8 +202,9 @@ def test_load_state_dict_into_tpu_module(name):
 
 
 def test_swap_setting_is_per_thread_during_a_conversion():
-    """While one thread converts a module to tpu, another thread sees
-    PyTorch's own setting (False): its CPU load_state_dict is unaffected."""
+    """While one thread converts a meta module to tpu (the conversions that
+    swap), another thread sees PyTorch's own setting (False): its CPU
+    load_state_dict is unaffected."""
     seen = []
     started, release = threading.Event(), threading.Event()
 
@@ -220,7 +221,12 @@ def test_swap_setting_is_per_thread_during_a_conversion():
                 return fn(t)
             return super()._apply(slow_fn, recurse)
 
-    t = threading.Thread(target=lambda: Slow().to("tpu"))
+    def convert():
+        with torch.device("meta"):
+            m = Slow()
+        m.to_empty(device="tpu")
+
+    t = threading.Thread(target=convert)
     t.start()
     assert started.wait(30)
     seen.append(("other", torch.__future__.get_swap_module_params_on_conversion()))
@@ -267,3 +273,23 @@ def test_lazy_modules_moved_before_their_first_forward():
     cpu.eval()
     dev.eval()
     torch.testing.assert_close(dev(x.to("tpu")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.to("tpu"), lambda m: m.tpu().float(), lambda m: m.tpu().cpu(),
+                                     lambda m: m.to("tpu").to(torch.float64)],
+                         ids=["to", "tpu().float()", "tpu().cpu()", "to(float64)"])
+def test_hooks_on_parameters_survive_conversions(convert):
+    # The swap on conversion left the autograd hooks with the old tensor: a
+    # gradient mask registered before .to("tpu") (or .float() of a tpu
+    # model) was silently dropped, and so was every hook registered after.
+    m = nn.Linear(3, 2)
+    m.weight.register_hook(lambda g: g * 0)
+    seen = []
+    m.bias.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    convert(m)
+    m.bias.register_hook(lambda g: g * 3)
+    x = torch.ones(1, 3, dtype=m.weight.dtype, device=m.weight.device)
+    m(x).sum().backward()
+    assert m.weight.grad.abs().sum().item() == 0
+    assert m.bias.grad.cpu().tolist() == [3.0, 3.0]
+    assert len(seen) == 1 and seen[0].cpu().tolist() == [3.0, 3.0]

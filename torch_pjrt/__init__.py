@@ -84,12 +84,11 @@ def _initialize():
     torch._register_device_module("tpu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
-    # Module.to("tpu") must keep tied parameters tied (a GPT's embedding and
-    # head). PyTorch's default replaces each module's Parameter by a new one
-    # unless `param.data = ` works, which it refuses between CPU and
-    # PrivateUse1 tensors; swapping the tensors' contents keeps every
-    # Parameter object. Only conversions that involve a tpu device swap (on
-    # their own thread): no process-wide setting (_module_conversion.py).
+    # Module.to_empty(device="tpu") of a meta model must keep tied parameters
+    # tied (a GPT's embedding and head): `param.data = ` cannot take a meta
+    # tensor, so PyTorch would make new Parameters; those conversions swap the
+    # tensors' contents instead, on their own thread, with no process-wide
+    # setting (_module_conversion.py).
     from . import _module_conversion
     _module_conversion.install()
     # Shape inference for the fused GRU cell ops RNN layers use on tpu.

@@ -1,28 +1,31 @@
 """Module.to("tpu") / .tpu() / .to_empty(device="tpu") / .cpu() keep tied
 parameters tied, with no process-wide setting.
 
-PyTorch converts a module's parameters with `param.data = converted` when the
-two tensor types allow a shallow copy, which it refuses between CPU and
-PrivateUse1 tensors; it then makes a new Parameter per module, so a tied
-embedding and head (the same Parameter in two modules) come apart, and an
-optimizer built before the move holds the old ones. Swapping the tensors'
-contents (torch.utils.swap_tensors, PyTorch's
-`torch.__future__.set_swap_module_params_on_conversion(True)`) keeps every
-Parameter object. Setting that flag for the whole process, though, also
-changes load_state_dict everywhere (it swaps too, and fails on RNN modules,
-whose parameters have weak references), so the swap is scoped instead:
+Between CPU and tpu tensors PyTorch's own path, `param.data = converted`,
+works (csrc/device/shallow_copy.cpp) and keeps every Parameter object, so ties,
+optimizers built before the move and hooks on the parameters all survive, as
+between CPU and CUDA. It refuses meta tensors (`to_empty(device="tpu")` of a
+model built on the meta device), and then makes a new Parameter per module,
+so a tied embedding and head come apart. Those conversions swap the tensors'
+contents instead (torch.utils.swap_tensors, PyTorch's
+`torch.__future__.set_swap_module_params_on_conversion(True)`), which keeps
+every Parameter object. (A swap leaves hooks registered on a parameter with
+the old tensor, so it is not used where it is not needed.) Setting that flag
+for the whole process would also change load_state_dict everywhere (it swaps
+too, and fails on RNN modules, whose parameters have weak references), so
+the swap is scoped:
 
-- Module._apply is wrapped: a conversion that involves a tpu device (the
-  module holds a tpu tensor, or Module.to / .tpu() / .to_empty is asked for a
-  tpu device) runs with the swap on for this thread only;
+- Module._apply is wrapped: a conversion to or from tpu of a module that
+  holds a meta tensor runs with the swap on for this thread only;
 - torch.__future__.get_swap_module_params_on_conversion() answers True inside
   such a conversion on its thread (what Module._apply reads), else PyTorch's
   own setting (False unless the user set it).
 
 A tensor that cannot be swapped (a parameter with a weak reference to it,
 e.g. from torch.compile's guards, or one an autograd graph still holds)
-makes that conversion use PyTorch's default, and the parameters that were one object before are made one again
-afterwards (ties kept, but new Parameter objects for those that moved).
+makes that conversion use PyTorch's default, and the parameters that were
+one object before are made one again afterwards (ties kept, but new
+Parameter objects for those that moved).
 """
 import collections
 import functools
@@ -60,6 +63,11 @@ def _tensors(module):
 
 def _holds_tpu(module):
     return any(t.device.type == "tpu" for t in _tensors(module))
+
+
+def _holds_meta(module):
+    # What `param.data = converted` cannot take from (new Parameters otherwise).
+    return any(t.device.type == "meta" for t in _tensors(module))
 
 
 def _swappable(module):
@@ -120,7 +128,7 @@ def _wrap_apply(orig):
             return orig(self, fn, recurse)
         target = getattr(_tls, "target_tpu", False)
         involves = target or _holds_tpu(self)
-        swap = involves and _swappable(self)
+        swap = involves and _holds_meta(self) and _swappable(self)
         slots = _parameter_slots(self) if involves else None
         lazy = _lazy_slots(self) if involves else ()
         _tls.depth = 1

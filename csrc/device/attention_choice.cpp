@@ -15,10 +15,16 @@ int64_t tpu_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
   // The math path where the user turned the overrideable kernel off
   // (sdpa_kernel([SDPBackend.MATH])) and under vmap (the fused op has no
-  // batching rule; the math decomposition batches).
-  bool batched = q.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
-                 k.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
-                 v.key_set().has(c10::DispatchKey::FuncTorchBatched);
+  // batching rule; the math decomposition batches). Under vmap(grad(f))
+  // (per-sample gradients) the tensors seen here are grad wrappers of batched
+  // ones, which raised "Batching rule not implemented": any functorch
+  // wrapper takes the math path (the vmap level under a grad wrapper is not
+  // visible here without functorch's internal headers).
+  auto wrapped = [](const Tensor& t) {
+    return t.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+           t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper);
+  };
+  bool batched = wrapped(q) || wrapped(k) || wrapped(v);
   bool fused = at::globalContext().userEnabledOverrideableSDP() && !batched && !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == q.dim() &&
                at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
                v.scalar_type() == q.scalar_type() && !(is_causal && mask.has_value() && mask->defined());

@@ -107,7 +107,9 @@ Value Builder::constant(const Scalar& v, DType dtype) {
   std::string id = fresh();
   body_ += "    " + id + " = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + t.str() +
            "} : () -> " + t.str() + "\n";
-  return Value{id, t};
+  Value c{id, t};
+  if (dtype == DType::F32 || dtype == DType::F64) float_constant_.emplace(id, c);
+  return c;
 }
 
 Value Builder::splat(const Scalar& v, const TensorType& type) {
@@ -157,6 +159,16 @@ Value Builder::binary(const std::string& name, const Value& a, const Value& b) {
   if (a.type != b.type)
     throw std::runtime_error("builder: " + name + " operand types differ: " + a.type.str() +
                              " vs " + b.type.str());
+  auto c = name == "divide" ? float_constant_.find(b.id) : float_constant_.end();
+  if (c != float_constant_.end()) {
+    // XLA turns x / c for a constant c into x * (1 / c), 1 ulp off CPU's
+    // quotient in about a third of the elements (means, variances, round's
+    // decimals, pooling and norm divisors): the constant goes through a
+    // barrier (before its broadcast, so nothing of x's size is materialized).
+    Value k = c->second;
+    Value opaque = op("stablehlo.optimization_barrier", {k}, k.type);
+    return op("stablehlo." + name, {a, broadcast_in_dim(opaque, b.shape(), {})}, a.type);
+  }
   return op("stablehlo." + name, {a, b}, a.type);
 }
 
@@ -317,8 +329,11 @@ Value Builder::transpose(const Value& x, const std::vector<int64_t>& perm) {
 
 Value Builder::broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims) {
   if (x.shape() == shape) return x;
-  return op("stablehlo.broadcast_in_dim", {x}, TensorType{x.dtype(), shape},
-            "broadcast_dimensions = " + i64_array(dims));
+  Value y = op("stablehlo.broadcast_in_dim", {x}, TensorType{x.dtype(), shape},
+               "broadcast_dimensions = " + i64_array(dims));
+  auto c = float_constant_.find(x.id);
+  if (c != float_constant_.end()) float_constant_.emplace(y.id, c->second);
+  return y;
 }
 
 Value Builder::broadcast_to(const Value& x, const Shape& shape) {

@@ -143,6 +143,8 @@ class Builder {
   Precision f32_precision_ = Precision::Highest;
   bool used_f32_precision_ = false;
   std::unordered_map<std::string, DType> widened_;  // value id -> the narrower type it came from
+  // Float constants (rank 0) and their broadcasts: value id -> the constant.
+  std::unordered_map<std::string, Value> float_constant_;
   Value convert_value(const Value& x, DType to);
   int next_ = 0;
   int replicas_ = 0;

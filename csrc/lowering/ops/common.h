@@ -30,6 +30,7 @@ void check_matrix_product(const LoweringContext& ctx, const Shape& a, const Shap
 std::vector<Value> float_unary(LoweringContext& ctx,
                                const std::function<Value(Builder&, const Value&)>& fn);
 Value erf(Builder& b, const Value& x);
+Value erfc(Builder& b, const Value& x);  // (float32 or float64)
 // hypot(x, y) of float32/float64 x and y, and |z| of a complex tensor,
 // rounded as CPU's hypot (hypot.cpp).
 Value hypot_as_cpu(Builder& b, const Value& x, const Value& y);

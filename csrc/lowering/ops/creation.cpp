@@ -121,7 +121,10 @@ std::vector<Value> logspace(LoweringContext& ctx, const TensorType& out) {
   Value start = b.convert(start_t, wt);
   if (n == 1) return {b.convert(b.binary("power", base_v, full(start)), out.dtype)};
   Value diff = b.convert(b.binary("subtract", end_t, start_t), wt);  // (rounded to the output type)
-  Value step = b.binary("divide", diff, b.constant_int(n - 1, wt));
+  // (Integer outputs: diff times 1 / (n - 1) in float32, what CPU's results
+  // were matched with before constant divisors became true divisions.)
+  Value step = integral ? b.binary("multiply", diff, b.constant(double(1.0f / float(n - 1)), wt))
+                        : b.binary("divide", diff, b.constant_int(n - 1, wt));
   Value end = b.convert(end_t, wt);
   Value i = b.iota(TensorType{wt, out.shape}, 0);
   Value rev = b.binary("subtract", b.splat(Scalar::from_int(n - 1), i.type), i);

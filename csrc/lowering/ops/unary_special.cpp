@@ -4,6 +4,8 @@
 // PyTorch's default float (ctx.out().dtype); half types are computed in
 // float32 and rounded once, as PyTorch's CPU kernels do.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -34,20 +36,21 @@ DType bits_dtype(DType t) {
   }
 }
 
-// log2(x) = e + log(m) / ln 2 for x = m * 2^e with m in [sqrt(1/2), sqrt(2)):
-// exact at powers of two (m = 1), where log(x) / ln 2 can miss by an ulp
-// (log2(8).floor() must be 3), and no cancellation near 1. Zero, negatives,
-// inf, NaN and subnormals take log(x) / ln 2, which is right for them.
-Value log2(Builder& b, const Value& x) {
-  if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN2);
+// x = m * 2^e with m in [sqrt(1/2), sqrt(2)) (e in x's type), and whether x
+// is a positive normal number, for which the split is valid.
+struct Split {
+  Value m, e, normal;
+};
+
+Split split_exponent(Builder& b, const Value& x) {
   bool f64 = x.dtype() == DType::F64;
   int mant = f64 ? 52 : 23, bias = f64 ? 1023 : 127;
   DType it = f64 ? DType::I64 : DType::I32;
   TensorType itype{it, x.shape()};
   auto k = [&](int64_t v) { return b.splat(Scalar::from_int(v), itype); };
   Value bits = b.bitcast_convert(x, itype);
-  Value field = b.binary("and", b.op("stablehlo.shift_right_logical", {bits, k(mant)}, itype),
-                         k((int64_t(1) << (f64 ? 11 : 8)) - 1));
+  int64_t all_ones = (int64_t(1) << (f64 ? 11 : 8)) - 1;
+  Value field = b.binary("and", b.op("stablehlo.shift_right_logical", {bits, k(mant)}, itype), k(all_ones));
   int64_t mant_mask = (int64_t(1) << mant) - 1;
   Value m = b.bitcast_convert(b.binary("or", b.binary("and", bits, k(mant_mask)), k(int64_t(bias) << mant)),
                               x.type);  // in [1, 2)
@@ -55,18 +58,54 @@ Value log2(Builder& b, const Value& x) {
   Value big = b.compare(Cmp::GT, m, splat_like(b, M_SQRT2, m));
   m = b.select(big, b.binary("multiply", m, splat_like(b, 0.5, m)), m);
   e = b.select(big, b.binary("add", e, splat_like(b, 1, e)), e);
-  Value inv_ln2 = splat_like(b, 1.0 / M_LN2, x);
-  Value r = b.binary("add", e, b.binary("multiply", b.unary("log", m), inv_ln2));
-  Value plain = b.binary("multiply", b.unary("log", x), inv_ln2);
   Value normal = b.binary("and", b.compare(Cmp::GT, x, splat_like(b, 0, x)),
-                          b.binary("and", b.compare(Cmp::NE, field, k(0)),
-                                   b.compare(Cmp::NE, field, k((int64_t(1) << (f64 ? 11 : 8)) - 1))));
-  return b.select(normal, r, plain);
+                          b.binary("and", b.compare(Cmp::NE, field, k(0)), b.compare(Cmp::NE, field, k(all_ones))));
+  return {m, e, normal};
 }
 
+// log2(x) = e + log(m) / ln 2: exact at powers of two (m = 1), where
+// log(x) / ln 2 can miss by an ulp (log2(8).floor() must be 3), and no
+// cancellation near 1. Zero, negatives, inf, NaN and subnormals take
+// log(x) / ln 2, which is right for them.
+Value log2(Builder& b, const Value& x) {
+  if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN2);
+  Split s = split_exponent(b, x);
+  Value inv_ln2 = splat_like(b, 1.0 / M_LN2, x);
+  Value r = b.binary("add", s.e, b.binary("multiply", b.unary("log", s.m), inv_ln2));
+  return b.select(s.normal, r, b.binary("multiply", b.unary("log", x), inv_ln2));
+}
+
+// log10(x) = e log10(2) + log(m) / ln 10, log10(2) split into a part whose
+// product with e is exact (its low 12 mantissa bits zero) and the rest: the
+// terms' rounding is far below the result's ulp, so powers of ten come out
+// exact (log10(1000).floor() must be 3; log(x) / ln 10 missed them by up to
+// 3 ulps, and 269 of float64's 277 powers of ten after floor).
 Value log10(Builder& b, const Value& x) {
   if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN10);
-  return b.binary("divide", b.unary("log", x), splat_like(b, M_LN10, x));
+  bool f64 = x.dtype() == DType::F64;
+  double hi, lo;
+  if (f64) {
+    uint64_t bits;
+    double l = std::log10(2.0);
+    std::memcpy(&bits, &l, 8);
+    bits &= ~uint64_t(0xfff);
+    std::memcpy(&hi, &bits, 8);
+    lo = static_cast<double>(std::log10(2.0L) - static_cast<long double>(hi));
+  } else {
+    uint32_t bits;
+    float l = static_cast<float>(std::log10(2.0));
+    std::memcpy(&bits, &l, 4);
+    bits &= ~uint32_t(0xfff);
+    float h;
+    std::memcpy(&h, &bits, 4);
+    hi = h;
+    lo = std::log10(2.0) - hi;
+  }
+  Split s = split_exponent(b, x);
+  Value rest = b.binary("add", b.binary("multiply", s.e, splat_like(b, lo, x)),
+                        b.binary("multiply", b.unary("log", s.m), splat_like(b, 1.0 / M_LN10, x)));
+  Value r = b.binary("add", b.binary("multiply", s.e, splat_like(b, hi, x)), rest);
+  return b.select(s.normal, r, b.binary("divide", b.unary("log", x), splat_like(b, M_LN10, x)));
 }
 
 // 2^x as pow(2, x): exact at integers, where exp(x ln 2) is not.
@@ -302,7 +341,6 @@ const bool registered = [] {
   chlo_unary("asinh", "chlo.asinh", true);
   chlo_unary("acosh", "chlo.acosh");
   chlo_unary("atanh", "chlo.atanh", true);
-  chlo_unary("erfc", "chlo.erfc");
   return true;
 }();
 
@@ -315,7 +353,7 @@ Value erfinv(Builder& b, const Value& x) {
   Value y = b.op("chlo.erf_inv", {x}, x.type);
   if (x.dtype() == DType::F64) return y;
   Value ax = b.unary("abs", x), ay = b.unary("abs", y), one = splat_like(b, 1, x);
-  Value resid = b.binary("subtract", b.op("chlo.erfc", {ay}, ay.type), b.binary("subtract", one, ax));
+  Value resid = b.binary("subtract", erfc(b, ay), b.binary("subtract", one, ax));
   Value slope = b.binary("multiply", splat_like(b, std::sqrt(M_PI) / 2, x),
                          b.unary("exponential", b.binary("multiply", ay, ay)));
   Value refined = b.binary("add", ay, b.binary("multiply", resid, slope));
@@ -327,6 +365,7 @@ Value erfinv(Builder& b, const Value& x) {
 }  // namespace
 
 TORCH_PJRT_LOWERING("erfinv", [](LoweringContext& c) { return float_unary(c, erfinv); });
+TORCH_PJRT_LOWERING("erfc", [](LoweringContext& c) { return float_unary(c, erfc); });
 
 TORCH_PJRT_LOWERING("sinh", [](LoweringContext& c) {
   return float_unary(c, [](Builder& b, const Value& x) {
