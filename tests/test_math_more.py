@@ -846,3 +846,17 @@ def test_erf_from_one_on_and_ndtr_tails():
     assert _max_ulps(torch.erf(tpu(-x)), -x, torch.erf, torch.float32) <= 1.5
     t = torch.tensor([-5.304, -4.0, -3.0, 3.0])
     torch.testing.assert_close(torch.special.ndtr(tpu(t)).cpu(), torch.special.ndtr(t), rtol=0.1, atol=0)
+
+
+def test_float64_log1p_and_atanh_near_minus_0_4():
+    # XLA's float64 log1p was up to 128 ulps off on -0.5 <= x < -0.29, and
+    # atanh (through it) 126 ulps at |x| near 0.414; CPU: 1.
+    x = torch.linspace(-0.6, 0.6, 20001, dtype=torch.float64)
+    for fn, xs in ((torch.log1p, x), (torch.atanh, x), (torch.atanh, torch.linspace(-0.999, 0.999, 20001,
+                                                                                      dtype=torch.float64))):
+        assert _max_ulps(fn(tpu(xs)), xs, fn, torch.float64) <= 2, fn
+        compiled = torch.compile(lambda v: fn(v) * 1, backend="tpu")(tpu(xs))
+        assert _max_ulps(compiled, xs, fn, torch.float64) <= 2, fn
+    special = torch.tensor([-1.0, 1.0, -2.0, 2.0, 0.0, -0.0, math.nan, math.inf, -math.inf], dtype=torch.float64)
+    assert_same(torch.atanh(tpu(special)), torch.atanh(special))
+    assert_same(torch.log1p(tpu(special)), torch.log1p(special))

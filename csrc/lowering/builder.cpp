@@ -155,6 +155,20 @@ std::vector<Value> Builder::op_multi(const std::string& name, const std::vector<
   return out;
 }
 
+Value Builder::unary(const std::string& name, const Value& x) {
+  Value y = op("stablehlo." + name, {x}, x.type);
+  if (name != "log_plus_one" || x.dtype() != DType::F64) return y;
+  // XLA's float64 log1p is up to 128 ulps off on -0.5 <= x < -0.29 (CPU 1;
+  // softplus, logaddexp, xlog1py, BCE reach it): there log(u) * x / (u - 1)
+  // for u = 1 + x (u - 1 exact), within an ulp.
+  Value u = binary("add", x, splat(Scalar::from_float(1.0), x.type));
+  Value goldberg = binary("multiply", op("stablehlo.log", {u}, x.type),
+                          binary("divide", x, binary("subtract", u, splat(Scalar::from_float(1.0), x.type))));
+  Value band = binary("and", compare(Cmp::GE, x, splat(Scalar::from_float(-0.5), x.type)),
+                      compare(Cmp::LT, x, splat(Scalar::from_float(-0.29), x.type)));
+  return select(band, goldberg, y);
+}
+
 Value Builder::binary(const std::string& name, const Value& a, const Value& b) {
   if (a.type != b.type)
     throw std::runtime_error("builder: " + name + " operand types differ: " + a.type.str() +

@@ -38,7 +38,7 @@ class Builder {
                               const std::vector<TensorType>& results, const std::string& attrs,
                               const std::string& region = "");
 
-  Value unary(const std::string& name, const Value& x) { return op("stablehlo." + name, {x}, x.type); }
+  Value unary(const std::string& name, const Value& x);
   Value binary(const std::string& name, const Value& a, const Value& b);  // same shapes/dtypes
   Value compare(Cmp dir, const Value& a, const Value& b);
   Value select(const Value& pred, const Value& on_true, const Value& on_false);
