@@ -883,3 +883,16 @@ def test_float64_lgamma_below_8():
     assert _max_ulps(torch.lgamma(tpu(x)), x, torch.lgamma, torch.float64) <= 4
     assert torch.lgamma(tpu(torch.tensor([1 + 2**-51], dtype=torch.float64))).item() == pytest.approx(-2.5633524853920e-16,
                                                                                                       rel=1e-12)
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+def test_zeta_with_negative_q(dt):
+    # CHLO's Hurwitz zeta sums its series from q: zeta(5, -10.3) was -2.8e22
+    # (CPU -405.78). q < 1 now steps up by zeta(x, q) = zeta(x, q + 1) + q^-x.
+    x = torch.tensor([5.0, 2.0, 3.0, 4.0, 2.0, 3.0, 6.0, 2.0, 2.5, 2.0, 1.0, 0.5, 3.0, 2.0], dtype=dt)
+    q = torch.tensor([-10.3, -9.3, -8.3, -20.7, -0.5, 0.3, -100.25, 1.5, -3.5, -3.0, 2.0, 2.0, 5.0, 0.7], dtype=dt)
+    expected = torch.special.zeta(x, q)
+    rtol = 1e-13 if dt == torch.float64 else 2e-6
+    torch.testing.assert_close(torch.special.zeta(tpu(x), tpu(q)).cpu(), expected, rtol=rtol, atol=0, equal_nan=True)
+    compiled = torch.compile(lambda u, v: torch.special.zeta(u, v), backend="tpu")(tpu(x), tpu(q))
+    torch.testing.assert_close(compiled.cpu(), expected, rtol=rtol, atol=0, equal_nan=True)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "lowering/ops/common.h"
+#include "lowering/ops/hurwitz.h"
 
 namespace torch_pjrt::lowering::ops {
 
@@ -114,7 +115,16 @@ std::vector<Value> zeta(LoweringContext& ctx) {
   Pair p = operands(ctx);
   const Value &x = p.a, &q = p.o;
   auto is_int = [&](const Value& v) { return b.compare(Cmp::EQ, v, b.unary("floor", v)); };
-  Value r = b.op("chlo.zeta", {x, q}, x.type);
+  // CHLO's series is right for q above about 1 only (zeta(5, -10.3) was
+  // -2.8e22, CPU -405.8): q < 1 (an integer x where q < 0) is first moved up
+  // to [1, 2) by zeta(x, q) = zeta(x, q + 1) + q^-x, in float64.
+  Value x64 = b.convert(x, DType::F64), q64 = b.convert(q, DType::F64);
+  Value shift = b.binary("and", b.compare(Cmp::GE, x, splat_like(b, 1, x)),
+                         b.binary("or", b.compare(Cmp::GT, q, splat_like(b, 0, q)), is_int(x)));
+  HurwitzShift h = hurwitz_shift(b, x64, q64, shift);
+  Value shifted = b.binary("add", b.op("chlo.zeta", {x64, h.q}, x64.type), h.sum);
+  shifted = b.convert(b.select(h.unfinished, splat_like(b, NAN, shifted), shifted), x.dtype());
+  Value r = b.select(b.compare(Cmp::LT, q, splat_like(b, 1, q)), shifted, b.op("chlo.zeta", {x, q}, x.type));
   // Past x = 1000 the first term q^-x is the sum (the next is (1 + 1/q)^-x
   // of it, or all underflow), as CPU's series stops there; CHLO's is NaN
   // from x = 3300 in float32 and at an infinite x.

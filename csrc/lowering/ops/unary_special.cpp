@@ -11,8 +11,38 @@
 #include <vector>
 
 #include "lowering/ops/common.h"
+#include "lowering/ops/hurwitz.h"
 
 namespace torch_pjrt::lowering::ops {
+
+HurwitzShift hurwitz_shift(Builder& b, const Value& s, const Value& q_in, const Value& active) {
+  const int64_t kMaxSteps = 1 << 16;
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < q_in.rank(); ++d) all.push_back(d);
+  // state: step, q, sum, s, active (s and active carried: the loop's regions
+  // see only their arguments)
+  auto below_one = [](Builder& b, const Value& y, const Value& on) {  // (-inf is left to the caller)
+    return b.binary("and", on, b.binary("and", b.compare(Cmp::LT, y, splat_like(b, 1, y)),
+                                        b.compare(Cmp::GT, y, splat_like(b, -INFINITY, y))));
+  };
+  auto cond = [&](Builder& b, const std::vector<Value>& st) {
+    Value any = b.reduce(below_one(b, st[1], st[4]), b.constant_int(0, DType::Bool), all, "stablehlo.or");
+    Value more = b.compare(Cmp::LT, st[0], b.constant_int(kMaxSteps, DType::I64));
+    return std::vector<Value>{b.binary("and", any, more)};
+  };
+  auto body = [&](Builder& b, const std::vector<Value>& st) {
+    const Value &y = st[1], &acc = st[2];
+    Value need = below_one(b, y, st[4]);
+    Value term = b.binary("power", y, b.unary("negate", st[3]));
+    return std::vector<Value>{b.binary("add", st[0], b.constant_int(1, DType::I64)),
+                              b.select(need, b.binary("add", y, splat_like(b, 1, y)), y),
+                              b.binary("add", acc, b.select(need, term, b.zeros(y.type))), st[3], st[4]};
+  };
+  std::vector<Value> r =
+      b.while_loop({b.constant_int(0, DType::I64), q_in, b.zeros(q_in.type), s, active}, cond, body);
+  return {r[1], r[2], below_one(b, r[1], active)};
+}
+
 
 
 namespace {
@@ -219,32 +249,11 @@ Value lgamma(Builder& b, const Value& x) {
 // In float64, as CPU accumulates (the terms of a negative x cancel).
 Value polygamma_of_positive_shift(Builder& b, int64_t n, const Value& x_in) {
   Value x = b.convert(x_in, DType::F64);
-  const int64_t kMaxSteps = 1 << 16;
-  std::vector<int64_t> all;
-  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
-  auto below_one = [](Builder& b, const Value& y) {  // (-inf is left to the caller)
-    return b.binary("and", b.compare(Cmp::LT, y, splat_like(b, 1, y)),
-                    b.compare(Cmp::GT, y, splat_like(b, -INFINITY, y)));
-  };
-  auto cond = [&](Builder& b, const std::vector<Value>& s) {
-    Value any = b.reduce(below_one(b, s[1]), b.constant_int(0, DType::Bool), all, "stablehlo.or");
-    Value more = b.compare(Cmp::LT, s[0], b.constant_int(kMaxSteps, DType::I64));
-    return std::vector<Value>{b.binary("and", any, more)};
-  };
-  auto body = [&](Builder& b, const std::vector<Value>& s) {
-    const Value &y = s[1], &acc = s[2];
-    Value need = below_one(b, y);
-    Value term = b.binary("power", y, splat_like(b, -double(n + 1), y));
-    return std::vector<Value>{b.binary("add", s[0], b.constant_int(1, DType::I64)),
-                              b.select(need, b.binary("add", y, splat_like(b, 1, y)), y),
-                              b.binary("add", acc, b.select(need, term, b.zeros(y.type)))};
-  };
-  std::vector<Value> r = b.while_loop({b.constant_int(0, DType::I64), x, b.zeros(x.type)}, cond, body);
-  Value y = r[1];
+  HurwitzShift h = hurwitz_shift(b, splat_like(b, double(n + 1), x), x, b.compare(Cmp::EQ, x, x));
   double factorial = std::exp(std::lgamma(double(n) + 1));
-  Value shifted = b.op("chlo.polygamma", {splat_like(b, double(n), y), y}, y.type);
-  Value out = b.binary("add", shifted, b.binary("multiply", splat_like(b, n % 2 ? factorial : -factorial, y), r[2]));
-  return b.convert(b.select(below_one(b, y), splat_like(b, NAN, y), out), x_in.dtype());  // NaN: past the limit
+  Value shifted = b.op("chlo.polygamma", {splat_like(b, double(n), h.q), h.q}, h.q.type);
+  Value out = b.binary("add", shifted, b.binary("multiply", splat_like(b, n % 2 ? factorial : -factorial, h.q), h.sum));
+  return b.convert(b.select(h.unfinished, splat_like(b, NAN, h.q), out), x_in.dtype());  // NaN: past the limit
 }
 
 std::vector<Value> polygamma(LoweringContext& ctx) {
