@@ -150,3 +150,12 @@ def test_threshold_inplace_on_an_expanded_tensor_as_cpu():
     assert torch.equal(xt.cpu(), x)
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         torch.relu_(xt)
+
+
+def test_silu_keeps_its_far_negative_tail():
+    # x * sigmoid(x) flushed sigmoid's subnormal result below -87.3 (float32):
+    # -0 where CPU's x / (1 + exp(-x)) gives -3e-37.
+    x = torch.linspace(-88.7, -86.0, 28)
+    got = torch.nn.functional.silu(x.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.nn.functional.silu(x), rtol=1e-5, atol=0)
+    assert (got < 0).all()
