@@ -72,3 +72,19 @@ def test_transformer_encoder_fast_path_with_padding_mask(norm_first):
         got = enc.to("tpu")(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
     assert got.device.type == "tpu"
     assert_same(got[pad.logical_not().to("tpu")], want[~pad], rtol=1e-5, atol=1e-5)
+
+
+def test_to_padded_tensor_backward():
+    # Its backward, _nested_from_padded, takes the nested sizes as a host
+    # tensor (as on CUDA); the CPU fallback took that for a device mismatch.
+    def grads(dev):
+        torch.manual_seed(0)
+        a = torch.randn(2, 3, device=dev, requires_grad=True)
+        b = torch.randn(4, 3, device=dev, requires_grad=True)
+        p = torch.nested.to_padded_tensor(torch.nested.as_nested_tensor([a, b]), 0.0)
+        (p * torch.arange(24.0, device=dev).reshape(2, 4, 3)).sum().backward()
+        return a.grad, b.grad
+
+    for got, expected in zip(grads("tpu"), grads("cpu")):
+        assert got.device.type == "tpu"
+        assert torch.equal(got.cpu(), expected)

@@ -108,7 +108,16 @@ void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     });
 }
 
+// A dense tpu tensor and its nested sizes (a host tensor, as for CUDA) to a
+// nested tpu tensor: to_padded_tensor's backward. The generic fallback took
+// the host sizes for a device mismatch.
+at::Tensor nested_from_padded(const at::Tensor& padded, const at::Tensor& sizes, bool fuse_transform_0213) {
+  return at::_nested_from_padded(to_host(padded), sizes, fuse_transform_0213).to(padded.device());
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_nested_from_padded", nested_from_padded); }
 
 void route_nested_ops_to_cpu() {
   // Every op with a NestedTensorCPU kernel gets the nested fallback as its
