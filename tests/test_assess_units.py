@@ -75,7 +75,7 @@ def test_verdict_changes_and_blockers():
                         "out_of_tolerance": 0.5, "rtol": 1e-5, "atol": 1e-5}], "pass": False, "task_metric": None}
     v = verdict.decide(report(numerics=bad), settings())
     assert v["overall"] == "not ready" and v["blocking"][0].startswith("numerics")
-    v = verdict.decide(report(memory={"largest_batch": 4, "limit_bytes": 1 << 30}), settings())
+    v = verdict.decide(report(memory={"largest_batch": 4, "first_oom_batch": 8, "limit_bytes": 1 << 30}), settings())
     assert v["overall"] == "not ready" and any(b.startswith("memory") for b in v["blocking"])
     # The step failed at every batch (a model that raises): memory is not the blocker.
     v = verdict.decide(report(memory={"largest_batch": None, "first_oom_batch": None, "limit_bytes": None}),

@@ -56,6 +56,8 @@ def _assess(argv):
     print(f"verdict: {v.get('overall', 'not decided')}")
     for b in (v.get("blocking") or [])[:5]:
         print(f"  blocking: {b}")
+    if v.get("not_measured"):  # (a partial run's verdict does not cover these)
+        print(f"  not measured: {', '.join(v['not_measured'])}")
     out = os.path.abspath(args.out)
     print(f"report: {os.path.join(out, 'report.html')} (also report.md, report.json)")
     return 0

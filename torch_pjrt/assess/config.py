@@ -1,5 +1,8 @@
 """Settings of an assessment: defaults, a TOML file over them (`--config`),
-`--quick` over both. Every value used and its default go into the report.
+`--quick` over both (fewer iterations, a shorter sweep; it keeps the
+config's run.frontends). Every value used and its default go into the
+report. Values are checked up front, types and ranges and the baseline
+device: a bad one is one line and exit status 2 (the CLI).
 
 The TOML file has one table per topic, e.g.
 
@@ -16,6 +19,8 @@ The TOML file has one table per topic, e.g.
 """
 import copy
 import tomllib
+
+import torch
 
 DEFAULTS = {
     "run": {
@@ -67,7 +72,8 @@ DEFAULTS = {
 }
 
 QUICK = {
-    "run": {"warmup": 1, "iterations": 5, "frontends": ["eager", "compiled"]},
+    # (no run.frontends here: --quick overrode the config's choice silently)
+    "run": {"warmup": 1, "iterations": 5},
     "memory": {"sweep_factor": 2},
     "readiness": {"topologies": ["v5e:2x2"], "largest_batch": False},
 }
@@ -106,7 +112,88 @@ def load(path=None, quick=False, overrides=None):
     return settings, copy.deepcopy(DEFAULTS)
 
 
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _memory_limit_ok(v):
+    """What TORCH_PJRT_MEMORY_LIMIT takes (csrc/runtime/pjrt_runtime.cpp):
+    bytes (a whole number or "8GiB"), or a fraction of the device's memory
+    ("0.5", 0.5 or "50%")."""
+    if v is None:
+        return True
+    if _number(v):
+        return (isinstance(v, int) and v >= 0) or 0 < v <= 1
+    if not isinstance(v, str):
+        return False
+    text = v.strip()
+    try:
+        if text.endswith("%"):
+            return 0 < float(text[:-1]) <= 100
+        if "." in text and text.replace(".", "", 1).isdigit():
+            return 0 < float(text) <= 1
+        from torch_pjrt.cache import parse_size
+        parse_size(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_types(s):
+    """Types and ranges of the settings, so a bad value is one clear line up
+    front (batch_sizes = [0] hung the memory sweep; a threshold "fast" raised
+    at the verdict; job_items = 0 divided by zero; --device cdua ran it all)."""
+    run, num, mem, cost, th = s["run"], s["numerics"], s["memory"], s["cost"], s["thresholds"]
+    checks = [
+        ("run.stages", run["stages"], isinstance(run["stages"], list), "a list of stage names"),
+        ("run.frontends", run["frontends"], isinstance(run["frontends"], list) and run["frontends"],
+         'a non-empty list of "eager" and/or "compiled"'),
+        ("run.batch_sizes", run["batch_sizes"], run["batch_sizes"] is None or (
+            isinstance(run["batch_sizes"], list) and run["batch_sizes"]
+            and all(_positive_int(b) for b in run["batch_sizes"])), "a non-empty list of positive integers"),
+        ("numerics.batch_size", num["batch_size"], num["batch_size"] is None or _positive_int(num["batch_size"]),
+         "a positive integer"),
+        ("numerics.train_steps", num["train_steps"], num["train_steps"] is None or _positive_int(num["train_steps"]),
+         "a positive integer"),
+        ("numerics.loss_rtol", num["loss_rtol"], _number(num["loss_rtol"]) and num["loss_rtol"] >= 0,
+         "a number >= 0"),
+        ("memory.limit", mem["limit"], _memory_limit_ok(mem["limit"]),
+         'bytes (e.g. 17179869184 or "16GiB") or a fraction of the device\'s memory (0.5 or "50%")'),
+        ("memory.sweep_factor", mem["sweep_factor"], _number(mem["sweep_factor"]) and mem["sweep_factor"] >= 1,
+         "a number >= 1"),
+        ("memory.required_batch", mem["required_batch"],
+         mem["required_batch"] is None or _positive_int(mem["required_batch"]), "a positive integer"),
+        ("cost.job_items", cost["job_items"], _number(cost["job_items"]) and cost["job_items"] > 0,
+         "a number > 0"),
+        ("cost.batch_size", cost["batch_size"], cost["batch_size"] is None or _positive_int(cost["batch_size"]),
+         "a positive integer"),
+        ("prices.baseline_devices", s["prices"]["baseline_devices"], _positive_int(s["prices"]["baseline_devices"]),
+         "a positive integer"),
+        ("prices.target_devices", s["prices"]["target_devices"], _positive_int(s["prices"]["target_devices"]),
+         "a positive integer"),
+    ]
+    checks += [(f"thresholds.{k}", v, v is None or (_number(v) and v >= 0), "a number >= 0")
+               for k, v in th.items()]
+    for name, value, ok, what in checks:
+        if not ok:
+            raise ValueError(f"config: {name} must be {what}, got {value!r}")
+    dev = run["baseline_device"]
+    if not isinstance(dev, str):
+        raise ValueError(f"config: run.baseline_device must be a device string, got {dev!r}")
+    if dev != "auto":
+        try:
+            torch.device(dev)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"baseline device {dev!r} (--device / run.baseline_device): not a device: "
+                             f"{str(e).splitlines()[0]}") from None
+
+
 def _check(s):
+    _check_types(s)
     run = s["run"]
     known = DEFAULTS["run"]["stages"]
     bad = [x for x in run["stages"] if x not in known]

@@ -6,7 +6,8 @@ import re
 
 import torch
 
-KINDS = ("out_of_memory", "unsupported_op", "compile_error", "numerics_mismatch", "runtime_error", "timeout")
+KINDS = ("out_of_memory", "unsupported_op", "compile_error", "numerics_mismatch", "runtime_error", "timeout",
+         "workload_error")
 
 NEXT_STEPS = {
     "out_of_memory": "use a smaller batch, a lower precision (bfloat16) or more devices; the memory section "
@@ -19,6 +20,8 @@ NEXT_STEPS = {
                          "differs; check the tolerances and the precision",
     "runtime_error": "read the error; rerun the stage alone (run.stages) with TORCH_PJRT_EAGER=debug to find "
                      "the op",
+    "workload_error": "fails on the baseline too: fix the workload (its inputs, shapes or code); this is not "
+                      "a migration blocker, but nothing can be assessed where it fails",
     "timeout": "raise run.stage_timeout_s or use fewer iterations and batch sizes; a hang in a stage is a bug "
                "to report",
 }
@@ -62,3 +65,29 @@ def record(kind, stage, error, frontend=None, batch_size=None, op=None, next_ste
 def from_exception(exc, stage, frontend=None, batch_size=None):
     kind, op = classify_exception(exc)
     return record(kind, stage, f"{type(exc).__name__}: {exc}", frontend, batch_size, op)
+
+
+def _error_type(f):
+    return f["error"].split(":", 1)[0].strip()
+
+
+def mark_workload_errors(fails):
+    """Reclassifies, in place, failures that are the workload's own: every
+    failure of the baseline (but out of memory and timeouts, which depend on
+    its device), and each tpu failure that the baseline reproduces (the same
+    exception type, at the same batch size where both have one). They were
+    "unsupported_op: add a lowering" for inputs on the meta device, numpy
+    inputs or a shape error that the baseline raises too. Returns the count."""
+    base = [f for f in fails if f.get("frontend") == "baseline" and f["kind"] not in ("out_of_memory", "timeout")]
+    marked = 0
+    for f in fails:
+        if f["kind"] in ("out_of_memory", "timeout", "numerics_mismatch", "workload_error"):
+            continue
+        same = f in base or any(
+            _error_type(b) == _error_type(f)
+            and (b["batch_size"] is None or f["batch_size"] is None or b["batch_size"] == f["batch_size"])
+            for b in base)
+        if same:
+            f["kind"], f["next_step"] = "workload_error", NEXT_STEPS["workload_error"]
+            marked += 1
+    return marked

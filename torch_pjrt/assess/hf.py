@@ -1,7 +1,9 @@
 """Hugging Face model directories as workloads (`assess --hf DIR`): causal
 LMs are assessed in generation mode (greedy, fixed prompts), other models in
-inference mode. Prompts come from the directory's tokenizer when it has one,
-else fixed token ids (the same on every run)."""
+inference mode, each with the class named in config.architectures (else
+AutoModel / AutoModelForCausalLM; the report's source says which). Prompts
+come from the directory's tokenizer when it has a usable one, else fixed
+token ids (the same on every run)."""
 import os
 
 import torch
@@ -21,13 +23,32 @@ PROMPTS = [
 PROMPT_TOKENS = 12
 
 
+def usable_tokenizer(tok):
+    """Whether `tok` makes real token ids of the prompts. transformers 5
+    returns, for a directory without tokenizer files, a tokenizer with an
+    empty (or special-tokens-only) vocabulary instead of raising: its ids were
+    (batch, 0) or all UNK, and the model saw no prompt."""
+    if tok is None:
+        return False
+    try:
+        if len(tok) == 0:
+            return False
+        encoded = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    except Exception:  # noqa: BLE001  (a tokenizer that cannot encode is not usable)
+        return False
+    if any(len(e) == 0 for e in encoded):
+        return False
+    unk = getattr(tok, "unk_token_id", None)
+    return not all(i == unk for e in encoded for i in e)
+
+
 def _token_ids(directory, config, batch_size):
     try:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(directory)
     except Exception:  # noqa: BLE001  (no tokenizer files: fixed ids)
         tok = None
-    if tok is not None:
+    if usable_tokenizer(tok):
         raw = [tok(PROMPTS[i % len(PROMPTS)])["input_ids"][:PROMPT_TOKENS] for i in range(batch_size)]
         width = max(len(r) for r in raw)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -48,12 +69,12 @@ def workload(directory, batch_sizes=(1, 2, 4), max_new_tokens=8):
         raise FileNotFoundError(f"--hf {directory}: not a directory")
     config = AutoConfig.from_pretrained(directory)
     causal = any(a.endswith("ForCausalLM") for a in (config.architectures or []))
+    cls_name = model_class_name(config, causal)
 
     def model():
-        from transformers import AutoModel, AutoModelForCausalLM
+        import transformers
         torch.manual_seed(0)
-        cls = AutoModelForCausalLM if causal else AutoModel
-        return cls.from_pretrained(directory, dtype=torch.float32)
+        return getattr(transformers, cls_name).from_pretrained(directory, dtype=torch.float32)
 
     def make_inputs(batch_size):
         ids, mask = _token_ids(directory, config, batch_size)
@@ -62,7 +83,24 @@ def workload(directory, batch_sizes=(1, 2, 4), max_new_tokens=8):
     name = os.path.basename(directory.rstrip("/")) or "hf-model"
     return Workload(name=name, model=model, make_inputs=make_inputs,
                     mode="generation" if causal else "inference", batch_sizes=tuple(batch_sizes),
-                    max_new_tokens=max_new_tokens, source=f"--hf {directory}", source_paths=[])
+                    max_new_tokens=max_new_tokens, source=f"--hf {directory} (loaded as {cls_name})",
+                    source_paths=[])
+
+
+def model_class_name(config, causal=False):
+    """The transformers class to load: the first of config.architectures that
+    transformers has (a saved BertForSequenceClassification keeps its head;
+    AutoModel dropped it and "top-1 agreement" was an argmax over the hidden
+    size), else AutoModelForCausalLM / AutoModel."""
+    import transformers
+    for name in config.architectures or []:
+        try:
+            cls = getattr(transformers, name, None)
+        except Exception:  # noqa: BLE001  (a lazy import that fails: not this class)
+            cls = None
+        if isinstance(cls, type) and hasattr(cls, "from_pretrained"):
+            return name
+    return "AutoModelForCausalLM" if causal else "AutoModel"
 
 
 def make_tiny_llama(directory, vocab=128, seed=0):

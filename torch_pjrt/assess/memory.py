@@ -14,7 +14,7 @@ def sweep_sizes(batch_sizes, factor):
     """The workload's batch sizes, then doubling up to factor x the largest."""
     sizes = sorted(set(batch_sizes))
     top, limit = sizes[-1], sizes[-1] * factor
-    while top * 2 <= limit:
+    while 0 < top and top * 2 <= limit:  # (top 0 doubled forever; config checks it too)
         top *= 2
         sizes.append(top)
     return sizes
@@ -39,7 +39,10 @@ def sweep(workload, sizes):
                 rows.append({"batch_size": bs, "peak_bytes": torch.tpu.max_memory_allocated(),
                              "status": "out_of_memory"})
                 break
-            rows.append({"batch_size": bs, "peak_bytes": None, "status": "failed"})
+            # Another error is not "does not fit": the row says which (a model
+            # that takes only some batch sizes fails here; larger ones may run).
+            rows.append({"batch_size": bs, "peak_bytes": None, "status": "failed",
+                         "error": f["error"].splitlines()[0][:200]})
         finally:
             inputs = None
     ok = [r["batch_size"] for r in rows if r["status"] == "ok"]

@@ -23,6 +23,27 @@ def named_tensors(outputs):
     return named
 
 
+def named_values(outputs):
+    """[(name, tensor, is_number)]: the tensors of a (nested) output and its
+    Python numbers (bool, int, float; a 0-d tensor each), so a model that
+    returns `loss.item()` or a dict of floats is compared too (its outputs
+    were "0 compared" and passed whatever tpu returned)."""
+    leaves, _ = pytree.tree_flatten_with_path(outputs)
+    named = []
+    for path, leaf in leaves:
+        name = "output" + "".join(str(k) for k in path) if path else "output"
+        if isinstance(leaf, torch.Tensor):
+            named.append((name, leaf.detach(), False))
+        elif isinstance(leaf, (bool, int, float)):
+            dtype = torch.bool if isinstance(leaf, bool) else torch.int64 if isinstance(leaf, int) else torch.float64
+            named.append((name, torch.tensor(leaf, dtype=dtype), True))
+    return named
+
+
+def _nonfinite(x):
+    return {"nan": int(torch.isnan(x).sum()), "inf": int(torch.isinf(x).sum())}
+
+
 def compare(name, base, target, rtol, atol):
     """One output's error figures (both on the CPU, compared in float64)."""
     b, t = base.detach().cpu(), target.detach().cpu()
@@ -54,6 +75,15 @@ def compare(name, base, target, rtol, atol):
                    cosine=cosine, out_of_tolerance=share, pass_=share == 0.0,
                    abs_error_histogram={"edges_log10": HISTOGRAM_EDGES, "counts": [int(c) for c in counts],
                                         "exact": int((diff == 0).sum())})
+        # NaN/inf are said, not hidden: NaN on both sides at the same places
+        # counts as equal (above), which passed a model that only makes NaN.
+        nb, nt = _nonfinite(bd), _nonfinite(td)
+        if any(nb.values()) or any(nt.values()):
+            row["nonfinite"] = {"baseline": nb, "target": nt}
+            both = any(nb.values()) and any(nt.values())
+            row["note"] = (("NaN/inf on both sides" if both else
+                            "NaN/inf on tpu only" if any(nt.values()) else "NaN/inf on the baseline only")
+                           + f": baseline {nb['nan']} NaN, {nb['inf']} inf; tpu {nt['nan']} NaN, {nt['inf']} inf")
     row["pass"] = row.pop("pass_")
     return row
 
@@ -75,13 +105,15 @@ def task_metric(workload, base_out, target_out, base_in):
     if workload.mode == "generation":
         b, t = base_out.cpu(), target_out.cpu()
         agree = float((b == t).double().mean()) if b.shape == t.shape else 0.0
-        return {"name": "token agreement (greedy)", "baseline": 1.0, "target": agree, "threshold": 1.0,
-                "pass": agree >= 1.0}
+        return {"name": "token agreement (greedy)", "baseline": 1.0, "baseline_is_reference": True,
+                "target": agree, "threshold": 1.0, "pass": agree >= 1.0}
     lb, lt = _logits(base_out), _logits(target_out)
     if lb is None or lt is None or lb.shape != lt.shape:
         return None
     agree = float((lb.cpu().argmax(-1) == lt.cpu().argmax(-1)).double().mean())
-    return {"name": "top-1 agreement", "baseline": 1.0, "target": agree, "threshold": 0.99, "pass": agree >= 0.99}
+    # "baseline" 1.0 is the reference (the baseline agrees with itself), not a measured score.
+    return {"name": "top-1 agreement", "baseline": 1.0, "baseline_is_reference": True, "target": agree,
+            "threshold": 0.99, "pass": agree >= 0.99}
 
 
 def _to_cpu(tree):
@@ -112,31 +144,79 @@ def run_side(runner, batch_size, train_steps):
     return _to_cpu(out), losses
 
 
+BASELINE_SEEDS = (1, 2)  # torch's seed before each of the two baseline runs (different on purpose)
+
+
+def _compare_trees(workload, base_out, out, frontend):
+    """(rows, pairs compared): each tensor or Python number of `out` against
+    the same one of `base_out`, with its dtype's tolerance (a Python number:
+    the workload's precision's)."""
+    rows = []
+    named_b, named_t = named_values(base_out), named_values(out)
+    for (name, b, number), (_, t, _) in zip(named_b, named_t):
+        rtol, atol = workload.tolerance(workload.dtype if number and b.is_floating_point() else b.dtype)
+        row = compare(name, b, t, rtol, atol)
+        if number:
+            row["dtype"] = "python " + {torch.bool: "bool", torch.int64: "int"}.get(b.dtype, "float")
+        rows.append({"frontend": frontend, **row})
+    if len(named_b) != len(named_t):
+        rows.append({"frontend": frontend, "name": "outputs", "pass": False, "error":
+                     f"{len(named_t)} outputs on tpu, {len(named_b)} on the baseline"})
+    return rows, min(len(named_b), len(named_t))
+
+
+def _run_baseline(workload, device, batch_size, train_steps, seed):
+    """run_side on the baseline with torch seeded `seed` after the model is
+    built (a model factory seeds torch itself), an error tagged as the
+    baseline's (the report then says the workload fails there too, not tpu)."""
+    try:
+        runner = Runner(workload, device)
+        torch.manual_seed(seed)
+        return run_side(runner, batch_size, train_steps)
+    except Exception as e:
+        e.assess_side, e.assess_batch = "baseline", batch_size
+        raise
+
+
 def compare_sides(workload, baseline_device, frontends, batch_size, train_steps, loss_rtol=0.02, baseline=None):
     """Runs both sides; returns the numerics dict (with the baseline's
     outputs and losses, to save). `baseline`: those captured elsewhere
-    (--against), instead of running the baseline here."""
+    (--against), instead of running the baseline here.
+
+    The baseline runs twice, torch seeded differently before each run: a
+    model whose outputs depend on random ops in its forward (dropout left on,
+    torch.rand...) or on unseeded weights disagrees with itself, and tpu
+    cannot be expected to match it; numerics then say "not comparable"
+    instead of failing. (Seeding both runs the same would hide it: a model
+    factory that calls manual_seed gives both the same dropout masks, and tpu,
+    with its own generator, other ones.)"""
     base_in = workload.inputs(batch_size, "cpu")
     unstable = _differs(base_in, workload.inputs(batch_size, "cpu"))
+    self_rows = []
     if baseline is None:
-        base_out, base_losses = run_side(Runner(workload, baseline_device), batch_size, train_steps)
+        with torch.random.fork_rng(devices=[]):
+            base_out, base_losses = _run_baseline(workload, baseline_device, batch_size, train_steps,
+                                                  BASELINE_SEEDS[0])
+            again_out, again_losses = _run_baseline(workload, baseline_device, batch_size, train_steps,
+                                                    BASELINE_SEEDS[1])
+        self_rows, _ = _compare_trees(workload, base_out, again_out, "baseline")
+        if base_losses and again_losses and not math.isclose(base_losses[-1], again_losses[-1], rel_tol=loss_rtol,
+                                                             abs_tol=1e-4):
+            self_rows.append({"pass": False})
     else:
         base_out, base_losses = baseline["outputs"], baseline.get("losses")
-    rows, metric = [], None
+    comparable = all(r["pass"] for r in self_rows)
+    rows, metric, compared = [], None, 0
     curves = {"baseline": base_losses} if base_losses is not None else None
     for frontend in frontends:
         out, losses = run_side(Runner(workload, "tpu", frontend), batch_size, train_steps)
-        named_b, named_t = named_tensors(base_out), named_tensors(out)
-        for (name, b), (_, t) in zip(named_b, named_t):
-            rtol, atol = workload.tolerance(b.dtype)
-            rows.append({"frontend": frontend, **compare(name, b, t, rtol, atol)})
+        frontend_rows, n = _compare_trees(workload, base_out, out, frontend)
+        rows.extend(frontend_rows)
+        compared += n
         if unstable:  # (other randomness than torch's: numpy, random, time)
             rows.append({"frontend": frontend, "name": "inputs", "pass": False, "error":
                          "make_inputs gave other values on a second call with torch's generator seeded the same: "
                          "the baseline and tpu computed different inputs (seed numpy/random in make_inputs)"})
-        if len(named_b) != len(named_t):
-            rows.append({"frontend": frontend, "name": "outputs", "pass": False, "error":
-                         f"{len(named_t)} output tensors on tpu, {len(named_b)} on the baseline"})
         if metric is None:
             metric = task_metric(workload, base_out, out, base_in)
         if curves is not None:
@@ -145,5 +225,20 @@ def compare_sides(workload, baseline_device, frontends, batch_size, train_steps,
     if curves:
         ok = ok and all(math.isclose(c[-1], curves["baseline"][-1], rel_tol=loss_rtol, abs_tol=1e-4)
                         for name, c in curves.items() if name != "baseline" and c and curves["baseline"])
-    return {"outputs": rows, "task_metric": metric, "loss_curve": curves, "pass": ok,
-            "baseline_outputs": base_out, "baseline_losses": base_losses}
+    status, note = "measured", None
+    if not comparable:
+        # Not a failure of tpu: nothing to hold it to. Rows stay for reading, judged by no one.
+        status, ok = "not_comparable", None
+        note = ("not comparable: the model's outputs differ between two baseline runs (random ops in forward, "
+                "e.g. dropout in training mode, or unseeded weights?)")
+        for r in rows:
+            r["pass"] = None
+        if metric:
+            metric["pass"] = None
+    elif not compared and metric is None and not curves and all(r["pass"] for r in rows):
+        # Zero outputs compared is no evidence: it read as "pass" while tpu's value was wrong.
+        status, ok = "nothing_compared", None
+        note = ("not measured: the model returned nothing comparable (no tensors or Python numbers in its "
+                "outputs)")
+    return {"outputs": rows, "task_metric": metric, "loss_curve": curves, "pass": ok, "status": status,
+            "note": note, "baseline_outputs": base_out, "baseline_losses": base_losses}

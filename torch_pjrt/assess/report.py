@@ -54,6 +54,7 @@ FAILURE_KINDS = [
     ("numerics_mismatch", "Numerics mismatch"),
     ("runtime_error", "Runtime error"),
     ("timeout", "Timeout"),
+    ("workload_error", "Workload error (fails on the baseline too)"),
 ]
 OP_CLASSES = ["failing", "cpu_fallback", "decomposed", "lowered"]
 OP_CLASS_LABELS = {"failing": "failing", "cpu_fallback": "CPU fallback", "decomposed": "decomposed",
@@ -542,13 +543,14 @@ def _verdict(report, stages):
     v = report.get("verdict")
     if not isinstance(v, dict) or not v:
         return {**_missing(stages.reason("verdict")), "overall": None, "css": "unknown",
-                "criteria": [], "blocking": [], "changes": []}
+                "criteria": [], "blocking": [], "changes": [], "not_measured": []}
     overall = _str(v.get("overall")).strip() or None
     crit = [{"name": _str(c.get("name")), "pass": c.get("pass"), "value": _str(c.get("value")),
              "threshold": _str(c.get("threshold")), "detail": _str(c.get("detail"))}
             for c in _dl(v.get("criteria"))]
     return {"ok": True, "overall": overall, "css": VERDICTS.get((overall or "").lower(), "unknown"),
-            "criteria": crit, "blocking": _strs(v.get("blocking")), "changes": _strs(v.get("changes"))}
+            "criteria": crit, "blocking": _strs(v.get("blocking")), "changes": _strs(v.get("changes")),
+            "not_measured": _strs(v.get("not_measured"))}
 
 
 def _trim_error(text):
@@ -663,10 +665,12 @@ def _numerics(report, stages):
             if isinstance(shape, list) else _str(shape),
             "max_abs": o.get("max_abs"), "max_rel": o.get("max_rel"), "cosine": o.get("cosine"),
             "out_of_tolerance": o.get("out_of_tolerance"), "rtol": o.get("rtol"), "atol": o.get("atol"),
-            "pass": o.get("pass"), "hist": _histogram(o.get("abs_error_histogram"))})
+            "pass": o.get("pass"), "hist": _histogram(o.get("abs_error_histogram")),
+            "note": _str(o.get("note") or o.get("error")) or None})
     tm = num.get("task_metric")
     tm = ({"name": _str(tm.get("name")), "baseline": tm.get("baseline"), "target": tm.get("target"),
-           "threshold": tm.get("threshold"), "pass": tm.get("pass")} if isinstance(tm, dict) else None)
+           "threshold": tm.get("threshold"), "pass": tm.get("pass"),
+           "reference": bool(tm.get("baseline_is_reference"))} if isinstance(tm, dict) else None)
     w = _d(report.get("workload"))
     mode = _str(w.get("mode"))
     if tm is not None:
@@ -691,7 +695,8 @@ def _numerics(report, stages):
         loss_reason = f"{mode} workload: no loss curve"
     else:
         loss_reason = "no loss curve recorded"
-    return {"ok": True, "pass": num.get("pass"), "baseline_device": _str(num.get("baseline_device")),
+    return {"ok": True, "pass": num.get("pass"), "note": _str(num.get("note")) or None,
+            "baseline_device": _str(num.get("baseline_device")),
             "frontends": _strs(num.get("frontends")), "outputs": outputs, "task_metric": tm,
             "task_metric_reason": tm_reason, "loss_reason": loss_reason,
             "hist_reason": None if any(o["hist"] for o in outputs) else "no error histograms recorded",
@@ -881,7 +886,7 @@ def _tiles(ctx):
         t.append(("largest batch", fmt_int(m["largest_batch"]),
                   (f"first OOM at batch {fmt_int(oom)}" if oom is not None else "no OOM seen")
                   + (f"; limit {fmt_bytes(m['limit'])}" if m["limit"] is not None else ""),
-                  "warn" if oom is not None else "good"))
+                  "neutral" if m["largest_batch"] is None else "warn" if oom is not None else "good"))
     i = ctx["inventory"]
     if i.get("ok"):
         s = dict(i["summary"])
@@ -920,7 +925,7 @@ def context(report):
                     ("environment", _environment)):
         ctx[key] = _guard(fn, report, stages)
     if "overall" not in ctx["verdict"]:
-        ctx["verdict"].update(overall=None, css="unknown", criteria=[], blocking=[], changes=[])
+        ctx["verdict"].update(overall=None, css="unknown", criteria=[], blocking=[], changes=[], not_measured=[])
     ctx["failures"].setdefault("groups", [])
     ctx["failures"].setdefault("count", 0)
     try:

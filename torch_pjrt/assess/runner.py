@@ -7,6 +7,7 @@ report says what did not run and why."""
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -59,6 +60,8 @@ class Progress:
 
 def _run_worker(request, work_dir, timeout, env_extra=None):
     """Runs one worker process; returns (result dict or None, failure dict or None)."""
+    # Who ran: a baseline worker's crash is the baseline's, not frontend "eager"'s.
+    side = "baseline" if request.get("device", "tpu") != "tpu" else request.get("frontend")
     fd, path = tempfile.mkstemp(prefix=f"{request['stage']}-", suffix=".json", dir=work_dir)
     os.close(fd)
     request = dict(request, out=path[:-5] + ".out.json", spawn_time=time.time())
@@ -74,7 +77,7 @@ def _run_worker(request, work_dir, timeout, env_extra=None):
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, failures.record("timeout", request["stage"], f"no result after {timeout:.0f} s",
-                                     request.get("frontend"))
+                                     side)
     finally:
         log.close()
     if not os.path.exists(request["out"]):
@@ -83,11 +86,24 @@ def _run_worker(request, work_dir, timeout, env_extra=None):
         how = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit status {p.returncode}"
         return None, failures.record("runtime_error", request["stage"],
                                      f"the stage's process crashed ({how}) before writing results:\n{tail}",
-                                     request.get("frontend"),
+                                     side,
                                      next_step="rerun the stage alone (run.stages) to see the crash; a crash of "
                                                "a tpu op is a bug to report")
     with open(request["out"]) as f:
         return json.load(f), None
+
+
+def strict(obj):
+    """`obj` with NaN and +-inf floats as None: report.json is strict JSON
+    (json.dump wrote bare NaN, which strict parsers reject). What was not
+    finite is said beside it (numerics rows' "nonfinite" counts)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
 
 
 def _fingerprint(workload):
@@ -189,14 +205,12 @@ class Assessment:
             num["frontends"] = run["frontends"]
             self.report["numerics"] = num
             for o in num["outputs"]:
-                if not o["pass"]:
+                if o["pass"] is False:  # (None: not judged, e.g. a baseline that disagrees with itself)
                     self.report["failures"].append(failures.record(
                         "numerics_mismatch", "numerics",
-                        o.get("error") or f"{o['name']}: max abs {o['max_abs']:.3g}, max rel {o['max_rel']:.3g}, "
-                        f"cosine {o['cosine']:.6f}, {o['out_of_tolerance']:.2%} of elements out of tolerance "
-                        f"(rtol {o['rtol']}, atol {o['atol']})", o["frontend"], nb))
+                        o.get("error") or verdict_mod.mismatch_text(o), o["frontend"], nb))
             m = num.get("task_metric")
-            if m and not m["pass"]:
+            if m and m["pass"] is False:
                 self.report["failures"].append(failures.record(
                     "numerics_mismatch", "numerics", f"{m['name']}: {m['target']:.4g} on tpu, "
                     f"{m['baseline']:.4g} on the baseline (tolerance {m['threshold']})", None, nb))
@@ -351,6 +365,8 @@ class Assessment:
             self._stage("performance", self.performance)
             self._stage("memory", self.memory)
             self._stage("readiness", self.readiness)
+            # Failures the baseline shows too are the workload's, not migration blockers.
+            failures.mark_workload_errors(self.report["failures"])
             self._stage("cost", self.cost)
             self._stage("verdict", self.decide)
         finally:
@@ -360,7 +376,7 @@ class Assessment:
     def write(self):
         path = os.path.join(self.out_dir, "report.json")
         with open(path, "w") as f:
-            json.dump(self.report, f, indent=1, default=str)
+            json.dump(strict(self.report), f, indent=1, default=str, allow_nan=False)
         try:
             from . import report as report_mod
             report_mod.render(self.report, self.out_dir)
@@ -374,6 +390,7 @@ def capture_baseline(spec, out_dir, device, config_path=None, quick=False, overr
     """--baseline-only: the baseline side's outputs (and losses) and
     performance where the model runs today, for `--against` elsewhere."""
     a = Assessment(spec, out_dir, config_path, quick, overrides, progress=progress)
+    device = baseline_device(device)  # "auto" (no --device): cuda where present, else cpu
     a.workload = load_spec(spec)
     a.batch_sizes = list(a.settings["run"]["batch_sizes"] or a.workload.batch_sizes)
     a.baseline_device = device
@@ -401,5 +418,5 @@ def capture_baseline(spec, out_dir, device, config_path=None, quick=False, overr
             "failures": perf["failures"], "torch": torch.__version__}
     path = os.path.join(a.out_dir, "baseline.json")
     with open(path, "w") as f:
-        json.dump(meta, f, indent=1)
+        json.dump(strict(meta), f, indent=1, allow_nan=False)
     return path

@@ -12,6 +12,25 @@ overall verdict, blocking items first:
 """
 
 
+def _g(x, spec=".3g"):
+    """A figure that may be None (integer outputs have no max rel or cosine)."""
+    return "n/a" if x is None else format(x, spec)
+
+
+def mismatch_text(o):
+    """One output row that failed, in words (max rel and cosine are None for
+    integer and bool outputs)."""
+    text = (f"{o['name']}: max abs {_g(o.get('max_abs'))}, max rel {_g(o.get('max_rel'))}, "
+            f"cosine {_g(o.get('cosine'), '.6f')}, {_g(o.get('out_of_tolerance'), '.2%')} of elements out of "
+            f"tolerance (rtol {o.get('rtol')}, atol {o.get('atol')})")
+    return text + (f"; {o['note']}" if o.get("note") else "")
+
+
+def _size(nbytes):
+    """A memory limit in words: MiB below 1 GiB (40 MiB read "0.04 GiB")."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
 def _best_target(rows, batch):
     return [r for r in rows if r["frontend"] != "baseline" and (batch is None or r["batch_size"] == batch)]
 
@@ -39,26 +58,40 @@ def decide(report, settings):
                                   f"fallback time {share:.1%}",
                          "threshold": f"no failing op, fallback time <= {t['max_fallback_time_share']:.0%}",
                          "detail": ""})
+        workload_error = any(f["kind"] == "workload_error" and f["stage"] == "coverage"
+                             for f in report.get("failures") or [])
         for o in cov["ops"]:
             if o["class"] == "failing":
-                blocking.append(f"coverage: {o['op']} fails on tpu")
+                blocking.append(f"coverage: {o['op']} fails on tpu" + (
+                    " (the workload fails on the baseline too: see the workload error)" if workload_error else ""))
             elif o["class"] == "cpu_fallback":
                 changes.append(f"lower {o['op']} (runs on the CPU: {o['count']} calls)")
     num = report.get("numerics")
     if num:
-        bad = [o for o in num["outputs"] if not o["pass"]]
+        bad = [o for o in num["outputs"] if o["pass"] is False]
         metric = num.get("task_metric")
-        criteria.append({"name": "numerics", "pass": bool(num["pass"]),
-                         "value": f"{len(num['outputs']) - len(bad)}/{len(num['outputs'])} outputs within tolerance"
-                                  + (f"; {metric['name']} {metric['target']:.4g} (baseline {metric['baseline']:.4g})"
-                                     if metric else ""),
-                         "threshold": "every output within its dtype's (rtol, atol)", "detail": ""})
+        ref = "reference" if metric and metric.get("baseline_is_reference") else "baseline"
+        value = (f"{len(num['outputs']) - len(bad)}/{len(num['outputs'])} outputs within tolerance"
+                 + (f"; {metric['name']} {metric['target']:.4g} ({ref} {metric['baseline']:.4g})" if metric else ""))
+        status = num.get("status", "measured")
+        if status != "measured":
+            value = num.get("note") or status  # "not measured ..." / "not comparable ..."
+        criteria.append({"name": "numerics", "pass": num["pass"] if num["pass"] is None else bool(num["pass"]),
+                         "value": value, "threshold": "every output within its dtype's (rtol, atol)", "detail": ""})
+        if status == "nothing_compared":
+            blocking.append("numerics: nothing comparable was returned (no tensors or Python numbers in the "
+                            "outputs): return the model's outputs, not a summary of them, to compare")
+        elif status == "not_comparable":
+            changes.append(f"numerics: {num.get('note')}: make the forward deterministic (eval mode, no random "
+                           "ops) or give a task_metric, to compare tpu with the baseline")
         for o in bad[:5]:
-            blocking.append(f"numerics: {o['frontend']} {o['name']}: "
-                            + (o.get("error") or f"max abs {o['max_abs']:.3g}, max rel {o['max_rel']:.3g}, "
-                               f"{o['out_of_tolerance']:.1%} out of tolerance (rtol {o['rtol']}, atol {o['atol']})"))
-        if metric and not metric["pass"]:
-            blocking.append(f"numerics: {metric['name']} {metric['target']:.4g} vs baseline {metric['baseline']:.4g}")
+            blocking.append(f"numerics: {o['frontend']} " + (f"{o['name']}: {o['error']}" if o.get("error")
+                                                             else mismatch_text(o)))
+        for o in num["outputs"]:
+            if o["pass"] and o.get("note"):  # NaN/inf where both sides agree: passes, but said
+                changes.append(f"numerics: {o['frontend']} {o['name']}: {o['note']}")
+        if metric and metric["pass"] is False:
+            blocking.append(f"numerics: {metric['name']} {metric['target']:.4g} vs {ref} {metric['baseline']:.4g}")
     perf = report.get("performance")
     cost = report.get("cost")
     batch = cost["assumptions"]["batch_size"] if cost else None
@@ -93,19 +126,27 @@ def decide(report, settings):
     if mem:
         need = settings["memory"]["required_batch"] or max(report["workload"]["batch_sizes"])
         largest = mem.get("largest_batch")
-        threshold = f">= batch {need}" + (f" within {mem['limit_bytes'] / 2**30:.2f} GiB"
-                                          if mem.get("limit_bytes") else "")
-        if largest is None and mem.get("first_oom_batch") is None:
-            # The step failed at every batch for another reason (listed with the
-            # failures): nothing is known about memory, which is not the blocker.
-            criteria.append({"name": "memory", "pass": None, "value": "not measured (the step failed)",
+        oom = mem.get("first_oom_batch")
+        threshold = f">= batch {need}" + (f" within {_size(mem['limit_bytes'])}" if mem.get("limit_bytes") else "")
+        if largest is not None and largest >= need:
+            criteria.append({"name": "memory", "pass": True, "value": f"largest batch {largest}",
                              "threshold": threshold, "detail": ""})
+        elif oom is not None and oom <= need:
+            # Only a real out-of-memory error says a batch does not fit.
+            criteria.append({"name": "memory", "pass": False, "value": f"largest batch {largest}",
+                             "threshold": threshold, "detail": ""})
+            blocking.append(f"memory: batch {need} does not fit (largest that runs: {largest})")
         else:
-            ok = largest is not None and largest >= need
-            criteria.append({"name": "memory", "pass": ok, "value": f"largest batch {largest}",
+            # The step failed at the required batch (or at every batch) for another
+            # reason, listed with the failures (e.g. a model that takes only some
+            # batch sizes): nothing is known about memory there, which is not the blocker.
+            errors = {r["batch_size"]: r.get("error") for r in mem.get("per_batch") or [] if r.get("status") == "failed"}
+            why = f": {errors[need]}" if errors.get(need) else " (see the failures)"
+            criteria.append({"name": "memory", "pass": None,
+                             "value": "not measured (the step failed)" if largest is None
+                             else f"largest batch {largest}; batch {need} failed with another error than out of "
+                                  f"memory{why}",
                              "threshold": threshold, "detail": ""})
-            if not ok:
-                blocking.append(f"memory: batch {need} does not fit (largest that runs: {largest})")
     if cost and cost["rows"] and t["max_cost_ratio"] is not None:
         by_side = {r["side"]: r for r in cost["rows"]}
         key = "cost_per_1000" if all(r["cost_per_1000"] is not None for r in cost["rows"]) \
@@ -128,6 +169,26 @@ def decide(report, settings):
         if f["kind"] != "numerics_mismatch":
             blocking.append(f"{f['kind']} in {f['stage']}" + (f" (batch {f['batch_size']})" if f["batch_size"] else "")
                             + f": {f['error'].splitlines()[0][:160]}")
+    # A criterion whose stage did not run (run.stages, or it failed) is named,
+    # so a partial run's "ready" says what it did not look at.
+    have = {c["name"] for c in criteria}
+    status = {s["name"]: s for s in report.get("stages") or []}
+    not_measured = []
+    for name, stage in (("coverage", "coverage"), ("numerics", "numerics"), ("latency", "performance"),
+                        ("throughput", "performance"), ("memory", "memory")):
+        if name in have:
+            continue
+        st = status.get(stage) or {}
+        why = ("not in run.stages" if st.get("status") == "skipped" else
+               "the stage failed" if st.get("status") == "failed" else "no data")
+        criteria.append({"name": name, "pass": None, "value": f"not measured ({stage}: {why})", "threshold": "",
+                         "detail": ""})
+        not_measured.append(name)
+    for c in criteria:
+        if c["name"] == "numerics" and c["pass"] is None and c["name"] not in not_measured:
+            not_measured.append("numerics")  # nothing compared, or a baseline that disagrees with itself
+        if c["name"] == "memory" and c["pass"] is None and c["name"] not in not_measured:
+            not_measured.append("memory")
     failed_stages = [s["name"] for s in report.get("stages") or [] if s["status"] == "failed"]
     for name in failed_stages:
         blocking.append(f"stage {name} did not complete")
@@ -137,5 +198,20 @@ def decide(report, settings):
         overall = "ready after listed changes"
     else:
         overall = "ready"
-    return {"overall": overall, "criteria": criteria, "blocking": list(dict.fromkeys(blocking)),
-            "changes": list(dict.fromkeys(changes))}
+    return {"overall": overall, "criteria": criteria, "blocking": _dedupe(blocking),
+            "changes": list(dict.fromkeys(changes)), "not_measured": not_measured}
+
+
+def _dedupe(items):
+    """Blockers in order, once each; the same root cause repeated (one error at
+    every batch size and frontend, differing only in its "(batch N)" and
+    stage) kept once with the count of repeats."""
+    import re
+    seen, order = {}, []
+    for b in items:
+        key = re.sub(r"^(\w+) in \w+( \(batch \d+\))?: ", r"\1: ", b)
+        if key not in seen:
+            seen[key] = [b, 0]
+            order.append(key)
+        seen[key][1] += 1
+    return [seen[k][0] + (f" (and {seen[k][1] - 1} more like it)" if seen[k][1] > 1 else "") for k in order]

@@ -34,7 +34,9 @@ def analyze(request, workload, settings):
         except Exception as e:  # noqa: BLE001  (a failing part never loses the others)
             result[key] = None
             result[key + "_error"] = f"{type(e).__name__}: {e}"
-            result["failures"].append(failures.from_exception(e, key.split("_")[0]))
+            # (an error of the baseline's own run is labelled so: the workload fails there too)
+            result["failures"].append(failures.from_exception(e, key.split("_")[0], getattr(e, "assess_side", None),
+                                                              getattr(e, "assess_batch", None)))
 
     def cov():
         c, failure = coverage.op_coverage(workload, sizes[0])
@@ -63,6 +65,17 @@ def analyze(request, workload, settings):
         torch.save({"outputs": n.pop("baseline_outputs"), "losses": n.pop("baseline_losses")}, n["baseline_file"])
         return n
     guarded("numerics", num)
+    if result["failures"] and not any(f["frontend"] == "baseline" for f in result["failures"]):
+        # Something failed and no baseline failure is known (numerics ran the
+        # baseline at its own batch size, or not here at all with --against):
+        # one baseline call at the coverage batch says whether the workload
+        # fails there too (runner: failures.mark_workload_errors).
+        from torch_pjrt.assess.steps import Runner
+        try:
+            runner = Runner(workload, request["baseline_device"])
+            runner(runner.inputs(sizes[0]))
+        except Exception as e:  # noqa: BLE001
+            result["failures"].append(failures.from_exception(e, "coverage", "baseline", sizes[0]))
     return result
 
 
@@ -137,7 +150,9 @@ def main(path):
         else:
             raise ValueError(f"unknown stage {stage!r}")
     except Exception as e:  # noqa: BLE001  (the whole stage failed: say how)
-        result = {"failures": [failures.from_exception(e, request["stage"], request.get("frontend"))],
+        # The baseline's own worker is the baseline, whatever frontend the request names ("eager").
+        side = "baseline" if request.get("device", "tpu") != "tpu" else request.get("frontend")
+        result = {"failures": [failures.from_exception(e, request["stage"], side)],
                   "error": traceback.format_exc(limit=8)}
     with open(request["out"], "w") as f:
         json.dump(result, f)
