@@ -92,11 +92,14 @@ def test_flags_unknown_to_a_second_plugin_are_dropped(tmp_path):
 
 @ON_CPU_ONLY
 def test_results_as_close_to_float64_either_way():
-    # The emitters round alike but for erf (and gelu through it), where the
-    # LLVM IR emitters' is the closer one (equal to CPU's bits for 304 of 561
-    # values against 190). Each op's error, relative to max(|exact|, 1), must
-    # be no larger with small programs apart than with the fusion emitters
-    # for all; the one-op programs here are all small.
+    # Each op's error, relative to max(|exact|, 1), must be no larger with
+    # small programs apart than with the fusion emitters for all; the one-op
+    # programs here are all small. (The emitters used to differ in erf's
+    # bits, which showed the option reaching the compiler; since erf from
+    # |x| = 1 on is 1 - erfc (session 58) none of these ops differ, and the
+    # child says whether it keeps small programs apart instead. That the
+    # option reaches the compiler is a compile time, 14.6 against 22.8 ms
+    # for x + 1, measured in docs/results.md, not in a test.)
     code = """
 import json, torch, torch_pjrt
 g = torch.Generator().manual_seed(0)
@@ -108,16 +111,15 @@ ops = {"tanh": torch.tanh, "exp": torch.exp, "log1p": lambda x: torch.log1p(x.ab
        "tanh_gelu": lambda x: F.gelu(x, approximate="tanh"), "matmul": lambda x: x @ b.to(x.device).to(x.dtype)}
 err = {k: float(((f(a.to("tpu")).cpu().double() - f(a.double())).abs() / f(a.double()).abs().clamp(min=1)).max())
        for k, f in ops.items()}
-err["erf_bits_as_cpu"] = int((torch.erf(a.to("tpu")).cpu() == torch.erf(a)).sum())
+err["apart"] = int(torch_pjrt._state.C.small_programs_apart())
 print(json.dumps(err))
 """
     apart = json.loads(_in_child(None, code))
     fusion = json.loads(_in_child("--xla_cpu_use_fusion_emitters=true", code))
-    same_bits = apart.pop("erf_bits_as_cpu"), fusion.pop("erf_bits_as_cpu")
+    assert (apart.pop("apart"), fusion.pop("apart")) == (1, 0)
     for op, e in apart.items():
         assert e <= fusion[op] * (1 + 1e-9), (op, e, fusion[op])
     assert max(apart.values()) < 1e-5, apart
-    assert same_bits[0] > same_bits[1], same_bits  # (the option reached the compiler)
 
 
 def test_ops_the_llvm_ir_emitters_compute_worse_keep_the_fusion_emitters():
