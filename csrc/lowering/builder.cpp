@@ -161,9 +161,9 @@ Value Builder::unary(const std::string& name, const Value& x) {
   // XLA's float64 log1p is up to 128 ulps off on -0.5 <= x < -0.29 (CPU 1;
   // softplus, logaddexp, xlog1py, BCE reach it): there log(u) * x / (u - 1)
   // for u = 1 + x (u - 1 exact), within an ulp.
-  Value u = binary("add", x, splat(Scalar::from_float(1.0), x.type));
-  Value goldberg = binary("multiply", op("stablehlo.log", {u}, x.type),
-                          binary("divide", x, binary("subtract", u, splat(Scalar::from_float(1.0), x.type))));
+  Value one = splat(Scalar::from_float(1.0), x.type);
+  Value u = binary("add", x, one);
+  Value goldberg = binary("multiply", op("stablehlo.log", {u}, x.type), binary("divide", x, binary("subtract", u, one)));
   Value band = binary("and", compare(Cmp::GE, x, splat(Scalar::from_float(-0.5), x.type)),
                       compare(Cmp::LT, x, splat(Scalar::from_float(-0.29), x.type)));
   return select(band, goldberg, y);

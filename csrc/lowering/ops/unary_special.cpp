@@ -5,7 +5,6 @@
 // float32 and rounded once, as PyTorch's CPU kernels do.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -42,8 +41,6 @@ HurwitzShift hurwitz_shift(Builder& b, const Value& s, const Value& q_in, const 
       b.while_loop({b.constant_int(0, DType::I64), q_in, b.zeros(q_in.type), s, active}, cond, body);
   return {r[1], r[2], below_one(b, r[1], active)};
 }
-
-
 
 namespace {
 
@@ -113,25 +110,11 @@ Value log2(Builder& b, const Value& x) {
 // 3 ulps, and 269 of float64's 277 powers of ten after floor).
 Value log10(Builder& b, const Value& x) {
   if (is_complex(x.dtype())) return complex_log_base(b, x, M_LN10);
-  bool f64 = x.dtype() == DType::F64;
-  double hi, lo;
-  if (f64) {
-    uint64_t bits;
-    double l = std::log10(2.0);
-    std::memcpy(&bits, &l, 8);
-    bits &= ~uint64_t(0xfff);
-    std::memcpy(&hi, &bits, 8);
-    lo = static_cast<double>(std::log10(2.0L) - static_cast<long double>(hi));
-  } else {
-    uint32_t bits;
-    float l = static_cast<float>(std::log10(2.0));
-    std::memcpy(&bits, &l, 4);
-    bits &= ~uint32_t(0xfff);
-    float h;
-    std::memcpy(&h, &bits, 4);
-    hi = h;
-    lo = std::log10(2.0) - hi;
-  }
+  // hi: log10(2) to 2^-40 (float64) or 2^-12 (float32), so e * hi is exact
+  // for every exponent e; lo: the rest (in long double, then the type's).
+  int bits = x.dtype() == DType::F64 ? 40 : 12;
+  double hi = std::ldexp(std::round(std::ldexp(std::log10(2.0), bits)), -bits);
+  double lo = static_cast<double>(std::log10(2.0L) - static_cast<long double>(hi));
   Split s = split_exponent(b, x);
   Value rest = b.binary("add", b.binary("multiply", s.e, splat_like(b, lo, x)),
                         b.binary("multiply", b.unary("log", s.m), splat_like(b, 1.0 / M_LN10, x)));
