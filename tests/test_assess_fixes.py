@@ -142,6 +142,31 @@ def test_hf_loads_the_architecture_class_and_skips_an_empty_tokenizer(tmp_path):
     assert hf.model_class_name(cfg) == "AutoModel" and hf.model_class_name(cfg, True) == "AutoModelForCausalLM"
 
 
+def test_hf_generation_follows_the_class_not_its_name(tmp_path):
+    """GPT2LMHeadModel and T5ForConditionalGeneration generate, though their
+    names do not end in ForCausalLM; a classifier does not."""
+    transformers = pytest.importorskip("transformers")
+    from torch_pjrt.assess import hf
+    tiny = dict(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)).save_pretrained(tmp_path / "gpt2")
+    t5 = transformers.T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                               decoder_start_token_id=0)
+    transformers.T5ForConditionalGeneration(t5).save_pretrained(tmp_path / "t5")
+    bert = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32, max_position_embeddings=32)
+    transformers.BertForSequenceClassification(bert).save_pretrained(tmp_path / "bert")
+    modes = {d: hf.workload(str(tmp_path / d)).mode for d in ("gpt2", "t5", "bert")}
+    assert modes == {"gpt2": "generation", "t5": "generation", "bert": "inference"}
+    w = hf.workload(str(tmp_path / "gpt2"))
+    model = w.build_model().eval()
+    out = model.generate(**w.make_inputs(2), max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, hf.PROMPT_TOKENS + 3)
+    # graph breaks explain the plain forward: an encoder-decoder's needs its decoder's first token
+    from torch_pjrt.assess import coverage
+    count, breaks = coverage.graph_breaks(hf.workload(str(tmp_path / "t5")), 2)
+    assert count >= 1
+
+
 class FakeTokenizer:
     def __init__(self, vocab, encode, unk=1):
         self.vocab, self.encode, self.unk_token_id = vocab, encode, unk

@@ -115,6 +115,8 @@ def graph_breaks(workload, batch_size):
     if workload.mode == "training":
         inputs = inputs[0]  # (inputs, targets): the model sees the inputs
     model = runner.model
+    if workload.mode == "generation":
+        inputs = _with_decoder_start(model, inputs)
     if isinstance(inputs, dict):
         out = torch._dynamo.explain(model)(**inputs)
     elif isinstance(inputs, tuple):
@@ -127,6 +129,21 @@ def graph_breaks(workload, batch_size):
         breaks.append({"reason": str(r.reason).strip().splitlines()[0][:300], "user_frames": frames})
     torch._dynamo.reset()
     return out.graph_count, breaks
+
+
+def _with_decoder_start(model, inputs):
+    """generate() starts an encoder-decoder's decoder itself (T5, Bart); the
+    plain forward explained here needs the decoder's first token."""
+    config = getattr(model, "config", None)
+    if (not isinstance(inputs, dict) or "decoder_input_ids" in inputs or "input_ids" not in inputs
+            or not getattr(config, "is_encoder_decoder", False)):
+        return inputs
+    start = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "decoder_start_token_id", None)
+    ids = inputs["input_ids"]
+    return {**inputs, "decoder_input_ids": torch.full((ids.shape[0], 1), int(start or 0), dtype=ids.dtype,
+                                                      device=ids.device)}
 
 
 def recompiles(workload, batch_sizes):

@@ -70,6 +70,7 @@ def workload(directory, batch_sizes=(1, 2, 4), max_new_tokens=8):
     config = AutoConfig.from_pretrained(directory)
     causal = any(a.endswith("ForCausalLM") for a in (config.architectures or []))
     cls_name = model_class_name(config, causal)
+    causal = causal or _generates_text(cls_name)
 
     def model():
         import transformers
@@ -101,6 +102,17 @@ def model_class_name(config, causal=False):
         if isinstance(cls, type) and hasattr(cls, "from_pretrained"):
             return name
     return "AutoModelForCausalLM" if causal else "AutoModel"
+
+
+def _generates_text(cls_name):
+    """Whether the class generates from token ids (GPT2LMHeadModel, T5 or
+    Bart ForConditionalGeneration...): names alone miss these."""
+    import transformers
+    cls = getattr(transformers, cls_name, None)
+    try:
+        return bool(cls.can_generate()) and getattr(cls, "main_input_name", None) == "input_ids"
+    except Exception:  # noqa: BLE001  (an Auto class or an old one without can_generate)
+        return False
 
 
 def make_tiny_llama(directory, vocab=128, seed=0):
