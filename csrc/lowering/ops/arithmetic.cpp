@@ -52,10 +52,21 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
     alpha_value = Scalar::from_int(static_cast<int64_t>(0 - static_cast<uint64_t>(alpha_value.i)));
     hlo = "add";
   }
-  if (alpha && alpha->dynamic)
-    o = b.binary("multiply", o, b.broadcast_to(ctx.operand("alpha", o.dtype()), shape));
-  else if (alpha_value.to_double() != 1.0)
-    o = b.binary("multiply", o, b.splat(alpha_value, o.type));
+  bool scaled = (alpha && alpha->dynamic) || alpha_value.to_double() != 1.0;
+  if (scaled) {
+    // alpha in the operands' dtype (CPU's kernel takes it as scalar_t); half
+    // types then compute self + alpha * other in float32 (the product is
+    // exact there) and round once, as CPU's vectorized fmadd does (SGD's
+    // param.add_(grad, alpha=-lr) in bfloat16 rounded twice here).
+    Value al = alpha && alpha->dynamic ? ctx.operand("alpha", dt) : b.splat(alpha_value, TensorType{dt, {}});
+    DType m = math_dtype(dt);
+    if (m != dt) {
+      a = b.convert(a, m);
+      o = b.convert(o, m);
+      al = b.convert(al, m);
+    }
+    o = b.binary("multiply", o, b.broadcast_to(al, shape));
+  }
   if (dt == DType::Bool)  // bool add is logical or (sub is rejected by PyTorch)
     return {b.binary("or", a, o)};
   return {b.convert(b.binary(hlo, a, o), out)};
@@ -159,9 +170,9 @@ TORCH_PJRT_LOWERING("floor_divide", promoted_division<floor_divide, true>);
 TORCH_PJRT_LOWERING("xlogy", [](LoweringContext& ctx) -> std::vector<Value> {
   Builder& b = ctx.b;
   const TensorType& out = ctx.out();
-  DType dt = math_dtype(out.dtype);
-  Value x = operand_as(ctx, "self", dt, out.shape), y = operand_as(ctx, "other", dt, out.shape);
-  Value r = b.binary("multiply", x, b.unary("log", y));
+  Value x = operand_rounded(ctx, "self", out.dtype, out.shape), y = operand_rounded(ctx, "other", out.dtype, out.shape);
+  // (log rounded to a half type first: CPU's std::log of a c10 half returns one.)
+  Value r = b.binary("multiply", x, rounded_to(b, b.unary("log", y), out.dtype));
   r = b.select(b.compare(Cmp::EQ, x, splat_like(b, 0, x)), splat_like(b, 0, x), r);
   r = b.select(b.compare(Cmp::NE, y, y), y, r);
   return {b.convert(r, out.dtype)};

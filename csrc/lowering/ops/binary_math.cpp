@@ -18,11 +18,12 @@ struct Pair {
   DType out;
 };
 
-// self and other in the output's math dtype and shape.
+// self and other in the output's math dtype and shape (each cast to the
+// output dtype first, as CPU's kernels receive them).
 Pair operands(LoweringContext& ctx, const char* second = "other") {
   const TensorType& out = ctx.out();
-  DType dt = math_dtype(out.dtype);
-  return {operand_as(ctx, "self", dt, out.shape), operand_as(ctx, second, dt, out.shape), out.dtype};
+  return {operand_rounded(ctx, "self", out.dtype, out.shape), operand_rounded(ctx, second, out.dtype, out.shape),
+          out.dtype};
 }
 
 // CPU's kernels of these ops dispatch on float dtypes only.
@@ -101,7 +102,8 @@ std::vector<Value> heaviside(LoweringContext& ctx) {
 std::vector<Value> xlog1py(LoweringContext& ctx) {
   Builder& b = ctx.b;
   Pair p = operands(ctx);
-  Value r = b.binary("multiply", p.a, b.unary("log_plus_one", p.o));
+  // (log1p rounded to a half type first: CPU's std::log1p of a c10 half returns one.)
+  Value r = b.binary("multiply", p.a, rounded_to(b, b.unary("log_plus_one", p.o), p.out));
   r = b.select(b.compare(Cmp::EQ, p.a, splat_like(b, 0, p.a)), splat_like(b, 0, p.a), r);
   r = b.select(is_nan(b, p.o), p.o, r);
   return {b.convert(r, p.out)};

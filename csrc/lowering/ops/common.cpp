@@ -14,6 +14,12 @@ Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, con
   return ctx.b.broadcast_to(ctx.operand(name, dtype), shape);
 }
 
+Value operand_rounded(LoweringContext& ctx, const std::string& name, DType out, const Shape& shape) {
+  DType dt = math_dtype(out);
+  if (dt == out) return operand_as(ctx, name, dt, shape);
+  return ctx.b.convert(operand_as(ctx, name, out, shape), dt);
+}
+
 Value splat_like(Builder& b, double v, const Value& like) {
   return b.splat(is_float(like.dtype()) || is_complex(like.dtype()) ? Scalar::from_float(v) : Scalar::from_int(int64_t(v)), like.type);
 }

@@ -14,6 +14,13 @@ DType compute_dtype(const LoweringContext& ctx, const std::string& a, const std:
 // `name` (tensor or scalar) converted to `dtype` and broadcast to `shape`.
 Value operand_as(LoweringContext& ctx, const std::string& name, DType dtype, const Shape& shape);
 
+// `name` in the math dtype of result dtype `out` (float32 for half types),
+// broadcast to `shape`, cast to `out` first as CPU's TensorIterator casts
+// its inputs: a Python scalar or a float32 0-dim tensor beside a half tensor
+// is rounded to the half type (fp16 xlogy(x, 1e5) is inf, atan2(x, 0.3) in
+// bfloat16 uses 0.30078).
+Value operand_rounded(LoweringContext& ctx, const std::string& name, DType out, const Shape& shape);
+
 // Scalar constant broadcast to the type of `like`.
 Value splat_like(Builder& b, double v, const Value& like);
 

@@ -261,10 +261,33 @@ std::vector<Value> index_add(LoweringContext& ctx) {
   if (nothing_to_do(s)) return {b.reshape(s.self, ctx.out().shape)};
   DType dt = s.self.dtype();
   Value src = source_updates(ctx, s);
+  Value unscaled = src;
   if (ctx.has("alpha"))  // always applied: alpha may be a runtime input
     src = b.binary(dt == DType::Bool ? "and" : "multiply", src,
                    b.broadcast_to(ctx.operand("alpha", dt), src.shape()));
-  return {b.reshape(s.scat(s.self, src, combine_op(Reduce::Sum, dt)), ctx.out().shape)};
+  Value r = s.scat(s.self, src, combine_op(Reduce::Sum, dt));
+  // CPU adds along the first or last dim of a 2+-d self as scatter_add when
+  // alpha is 1, the index int64 and source self's shape but along dim: half
+  // types then accumulate in float32 (elsewhere in the half type, a slice at
+  // a time, as the sum above).
+  const Value& self = ctx.tensor("self");
+  int64_t rank = self.rank(), dim = wrap_dim(ctx.to_int("dim", 0), std::max<int64_t>(rank, 1));
+  DType m = math_dtype(dt);
+  if (m != dt && rank > 1 && (dim == 0 || dim == rank - 1) && ctx.tensor("index").dtype() == DType::I64 &&
+      ctx.tensor("source").shape() == s.update_shape) {
+    const Arg* alpha = ctx.find("alpha");
+    bool one = !alpha || alpha->dynamic || ctx.scalar("alpha").to_double() == 1.0;
+    if (one) {
+      Value wide = b.convert(s.scat(b.convert(s.self, m), b.convert(unscaled, m), combine_op(Reduce::Sum, m)), dt);
+      if (alpha && alpha->dynamic)  // (one program for every alpha: chosen at run time)
+        wide = b.select(b.broadcast_to(b.compare(Cmp::EQ, ctx.operand("alpha", m), b.splat(Scalar::from_float(1.0),
+                                                                                          TensorType{m, {}})),
+                                       r.shape()),
+                        wide, r);
+      r = wide;
+    }
+  }
+  return {b.reshape(r, ctx.out().shape)};
 }
 
 std::vector<Value> index_copy(LoweringContext& ctx) {

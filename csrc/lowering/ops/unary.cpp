@@ -262,7 +262,9 @@ std::vector<Value> pow(LoweringContext& ctx) {
   Builder& b = ctx.b;
   DType out = ctx.out().dtype, dt = math_dtype(out);
   const Shape& shape = ctx.out().shape;
-  Value base = operand_as(ctx, "self", dt, shape);
+  // (A scalar base or exponent of a half result is rounded to it first, as
+  // CPU's kernels receive it: pow(10000.0, x) in bfloat16 is 9984^x.)
+  Value base = operand_rounded(ctx, "self", out, shape);
   const Arg& e = ctx.arg("exponent");
   // CPU special-cases these scalar exponents of a float tensor (sqrt(-inf)
   // is NaN where pow(-inf, 0.5) is inf; x * x is exact). A runtime exponent
@@ -277,18 +279,19 @@ std::vector<Value> pow(LoweringContext& ctx) {
     if (v == -0.5) return b.unary("rsqrt", x);
     if (v == -1) return b.binary("divide", one(), x);
     if (v == 2) return b.binary("multiply", x, x);
-    if (v == 3) return b.binary("multiply", b.binary("multiply", x, x), x);
-    if (v == -2) return b.binary("divide", one(), b.binary("multiply", x, x));
+    // (CPU's bfloat16 vectors round x * x before the next step; its float16
+    // ones do not.)
+    Value sq = out == DType::BF16 ? rounded_to(b, b.binary("multiply", x, x), out) : b.binary("multiply", x, x);
+    if (v == 3) return b.binary("multiply", sq, x);
+    if (v == -2) return b.binary("divide", one(), sq);
     return std::nullopt;
   };
   bool specials = is_float(dt) || is_complex(dt);  // (CPU's complex kernel has them too)
   if (scalar_exponent && specials && !e.dynamic && e.kind != Arg::Tensor)
     if (auto r = special(base, ctx.scalar("exponent").to_double())) return {b.convert(*r, out)};
-  // CPU rounds an int exponent of a half result to the half type first
-  // (2049 is 2048 in float16), then computes in float32.
-  bool half_rounded = e.kind == Arg::Int && (out == DType::F16 || out == DType::BF16) && dt != out;
-  Value exponent = half_rounded ? b.convert(operand_as(ctx, "exponent", out, shape), dt)
-                                : operand_as(ctx, "exponent", dt, shape);
+  // CPU rounds the exponent of a half result to the half type first (2049
+  // is 2048 in float16, 0.3 is 0.30078 in bfloat16), then computes in float32.
+  Value exponent = operand_rounded(ctx, "exponent", out, shape);
   // An int exponent past float32's integers (2**31 - 1) rounds to an even
   // one; CPU takes it as a double for float32 and float64 results, so a
   // negative base (-0.0 too) keeps the sign of the int's parity:
