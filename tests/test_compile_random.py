@@ -61,3 +61,23 @@ def test_two_calls_draw_different_numbers_and_a_seed_repeats_them():
     a, b = fn(x).cpu(), fn(x).cpu()
     torch.manual_seed(0)
     assert not torch.equal(a, b) and torch.equal(fn(x).cpu(), a)
+
+
+@pytest.mark.parametrize("dtype,low,high", [(torch.int8, -100, 100), (torch.int16, -32768, 32767),
+                                            (torch.int32, -2**31, 2**31 - 1), (torch.int64, -2**62, 2**62),
+                                            (torch.int64, -2**63, 2**63 - 1)])
+def test_randint_whose_span_does_not_fit_its_dtype(dtype, low, high):
+    """high - low past the dtype's max (int8 -100..100) failed to lower, and an
+    int64 span of 2**63 or more failed to trace; drawn in int64 (64 random
+    bits modulo the span for the widest)."""
+    fn = torch.compile(lambda x: torch.randint(low, high, (20000,), dtype=dtype, device=x.device), backend="tpu")
+    values = fn(torch.zeros(1, device="tpu")).cpu()
+    assert values.dtype == dtype and low <= int(values.min()) and int(values.max()) < high
+    if dtype == torch.int8:
+        assert values.unique().numel() == 200
+    else:  # spread over the range: both ends' tenths are drawn
+        span = high - low
+        assert int(values.min()) < low + span // 10 and int(values.max()) > high - span // 10
+    like = torch.compile(lambda x: torch.randint_like(x, low, high), backend="tpu")(
+        torch.zeros(100, dtype=dtype, device="tpu")).cpu()
+    assert low <= int(like.min()) and int(like.max()) < high

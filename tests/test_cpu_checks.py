@@ -421,6 +421,15 @@ COMPILED_ARGUMENT_ERRORS = [
     (lambda t: t.clamp(max=1e6), torch.zeros(3, dtype=torch.float16), RuntimeError, "Half without overflow"),
     (lambda t: torch.where(t > 0, t, 1001), torch.zeros(3, dtype=torch.int8), RuntimeError, "int8_t without overflow"),
     (lambda t: torch.add(t, t, alpha=257), torch.zeros(3, dtype=torch.uint8), RuntimeError, "uint8_t without overflow"),
+    # int64: a Python int past 2**63 - 1, a float beyond int64 or NaN (these wrapped to -2**63)
+    (lambda t: t.clamp(max=2**63), torch.tensor([1, 2]), RuntimeError, "int64_t without overflow"),
+    (lambda t: torch.full((2,), 1e19, dtype=torch.int64, device=t.device) + t, torch.tensor([1, 2]), RuntimeError,
+     "int64_t without overflow"),
+    (lambda t: torch.full((2,), float("nan"), dtype=torch.int64, device=t.device) + t, torch.tensor([1, 2]),
+     RuntimeError, "int64_t without overflow"),
+    (lambda t: t.masked_fill(t > 1, 2**63), torch.tensor([1, 2]), RuntimeError, "int64_t without overflow"),
+    (lambda t: torch.arange(2**63 - 2, 2**63, device=t.device) + t, torch.tensor([1, 2]), RuntimeError,
+     "int64_t without overflow"),
     (lambda t: t[:0].min(0), torch.ones(3, 2), IndexError, "Expected reduction dim 0 to have non-zero size"),
     (lambda t: t[:, :0].max(1), torch.ones(3, 2), IndexError, "Expected reduction dim 1 to have non-zero size"),
 ]
@@ -437,3 +446,35 @@ def test_compiled_graphs_raise_cpus_argument_errors(case):
     torch._dynamo.reset()
     with pytest.raises(exc, match=part):
         torch.compile(fn, backend="tpu")(x.to("tpu"))
+
+
+DTYPE_REFUSALS = {
+    "bool remainder": (lambda t: t % t, torch.tensor([True, False])),
+    "int logcumsumexp": (lambda t: torch.logcumsumexp(t, 0), torch.tensor([1, 2, 3])),
+    "int softmax": (lambda t: torch.softmax(t, 0), torch.tensor([1, 2, 3])),
+    "bool linalg_cross": (lambda t: torch.linalg.cross(t, t), torch.tensor([[True, False, True]])),
+    "bool scatter_reduce mean": (lambda t: t.scatter_reduce(0, torch.tensor([0, 1], device=t.device), t, "mean"),
+                                 torch.tensor([True, False])),
+}
+
+
+@pytest.mark.parametrize("name", list(DTYPE_REFUSALS))
+def test_compiled_graphs_raise_cpus_dtype_refusals(name):
+    """XLA's verifier rejected these lowerings' StableHLO and the user saw
+    MLIR; the graph's ops are now asked on CPU, whose NotImplementedError
+    (naming the op and the user's line) is raised instead."""
+    fn, x = DTYPE_REFUSALS[name]
+    with pytest.raises(NotImplementedError) as cpu:
+        fn(x)
+    torch._dynamo.reset()
+    with pytest.raises(NotImplementedError) as compiled:
+        torch.compile(fn, backend="tpu")(x.to("tpu"))
+    assert str(cpu.value) in str(compiled.value) and "test_cpu_checks.py" in str(compiled.value)
+
+
+def test_bool_histc_is_refused_as_on_cpu():
+    # (integer histc is computed, as CUDA does; bool is refused on both)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(NotImplementedError, match="Bool"):
+            torch.histc(torch.tensor([True, False], device=dev), 2).cpu()
+    assert torch.histc(torch.tensor([1, 2, 3], device="tpu"), 3).cpu().tolist() == [1, 1, 1]

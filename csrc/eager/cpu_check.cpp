@@ -276,9 +276,10 @@ bool overflows(double v, c10::ScalarType t) {
 
 // Dtypes the lowering implements where PyTorch's CPU kernel does not, as its
 // CUDA kernel does: integer histc (transformers' Mixture-of-Experts layers
-// count tokens per expert so on every device but CPU).
+// count tokens per expert so on every device but CPU). Bool is refused there too.
 bool beyond_cpu(const c10::FunctionSchema& schema, const CpuError& err) {
-  return err.kind == CpuError::NotImplemented && schema.name() == "aten::histc";
+  return err.kind == CpuError::NotImplemented && schema.name() == "aten::histc" &&
+         err.message.find("'Bool'") == std::string::npos;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ import torch
 
 from .. import _state
 from . import capture, stats
+from .cpu_refusal import cpu_refusal
 from torch.utils._pytree import tree_flatten
 
 from .lower_graph import NeedsValue, Unsupported, _Int, any_downstream, int_pack, lower_graph, split_host
@@ -353,8 +354,14 @@ class CompiledGraphFn:
         t1 = time.perf_counter()
         if os.environ.get("TORCH_PJRT_DUMP", "") not in ("", "0"):
             print(f"// torch_pjrt graph '{self.name}'\n{lowered.text}", file=sys.stderr)
-        cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations, lowered.device,
-                                    self.name, lowered.replica_ids)
+        try:
+            cg = _state.C.CompiledGraph(lowered.prog, lowered.text, lowered.outputs, lowered.mutations,
+                                        lowered.device, self.name, lowered.replica_ids)
+        except RuntimeError as e:
+            refusal = cpu_refusal(self.gm, self.name) if "compile failed in PJRT plugin" in str(e) else None
+            if refusal is not None:
+                raise refusal from e
+            raise
         lowered.prog = lowered.text = None  # the builder's text is not needed to run
         self._forget_evicted()
         t2 = time.perf_counter()

@@ -39,7 +39,25 @@ def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memo
 # of another, checkpointing's run_and_save_rng_state, as code, and `from` is
 # a Python keyword.)
 def _randint(t, low, high):
-    return aten.random.to(t, high) if low == 0 else aten.random.to(t, high - low) + low
+    if low == 0:
+        return aten.random.to(t, high)
+    span = high - low
+    if t.dtype.is_floating_point or t.dtype == torch.bool or span <= torch.iinfo(t.dtype).max:
+        return aten.random.to(t, span) + low
+    # The span does not fit t's dtype (randint(-100, 100, dtype=torch.int8)):
+    # drawn in int64, where adding low lands in t's range. (Bounds made
+    # concrete: a symbolic span minus 2**64 is no int64 for the graph.)
+    low, high = int(low), int(high)
+    span = high - low
+    wide = torch.empty(t.shape, dtype=torch.int64, device=t.device)
+    if span <= 2**63 - 1:
+        return (aten.random.to(wide, span) + low).to(t.dtype)
+    # A span in [2^63, 2^64) (randint(-2**62, 2**62)): 64 random bits modulo
+    # the span, as CPU's random64() % range, compared as unsigned and wrapping.
+    bits = (aten.random.to(wide, 2**32) << 32) | aten.random.to(torch.empty_like(wide), 2**32)
+    s = span - 2**64  # the span's bits as an int64
+    over = (bits ^ -2**63) >= (s ^ -2**63)
+    return torch.where(over, bits - s, bits) + low
 
 
 def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None):

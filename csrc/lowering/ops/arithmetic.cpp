@@ -43,10 +43,11 @@ std::vector<Value> add_sub(LoweringContext& ctx, const char* hlo) {
   // Read through ctx.scalar, which raises for an argument that is not a number
   // instead of taking it as 0.
   const Arg* alpha = ctx.find("alpha");
-  check_scalar_fits(ctx, "alpha", dt);
   // (A runtime alpha's value is not read: the program serves every value.)
   Scalar alpha_value = ctx.has("alpha") && !alpha->dynamic ? ctx.scalar("alpha") : Scalar::from_int(1);
-  if (alpha_value.kind == Scalar::UInt && std::string(hlo) == "subtract") {
+  bool uint_subtracted = alpha_value.kind == Scalar::UInt && std::string(hlo) == "subtract";
+  if (!uint_subtracted) check_scalar_fits(ctx, "alpha", dt);
+  if (uint_subtracted) {
     // CPU subtracts as an add of -alpha, and negates a uint64 Scalar as the
     // int64 of its bits: sub(x, y, alpha=2**64 - 1) is x + y there.
     alpha_value = Scalar::from_int(static_cast<int64_t>(0 - static_cast<uint64_t>(alpha_value.i)));

@@ -191,7 +191,16 @@ void check_scalar_fits(const LoweringContext& ctx, const std::string& name, DTyp
   if (is_integral(t, /*include_bool=*/false) && itemsize(t) < 8) {
     auto [lo, hi] = integer_range(t);
     if (is_int && is_unsigned(t)) lo = -hi;  // (c10::overflows lets -1 wrap)
-    bad = v < lo || v > hi;  // (NaN converts, as CPU lets it)
+    bad = v < lo || v > hi || std::isnan(v);  // (CPU's checked conversion refuses NaN too)
+  } else if (is_integral(t, /*include_bool=*/false)) {
+    // 8 bytes (c10::overflows): a Python int past int64's max, or a float
+    // beyond the type (infinities too), does not convert; a negative int
+    // wraps into uint64.
+    if (a->scalar.kind == Scalar::UInt)
+      bad = t == DType::I64 && static_cast<uint64_t>(a->scalar.i) > uint64_t(INT64_MAX);
+    else if (!is_int)
+      bad = std::isnan(v) || (t == DType::I64 ? (v < -9223372036854775808.0 || v > 9223372036854775807.0)
+                                              : (v < 0 || v > 18446744073709551615.0));
   } else if (floats && (t == DType::F16 || t == DType::BF16 || t == DType::F32)) {
     bad = std::isfinite(v) && std::abs(v) > largest_finite(t);  // (infinities convert)
   }

@@ -20,6 +20,8 @@ std::vector<Value> arange(LoweringContext& ctx, const TensorType& out) {
   Builder& b = ctx.b;
   if (out.numel() == 0) return {b.zeros(out)};
   DType acc = cpu_acc_type(out.dtype);
+  for (const char* name : {"start", "end", "step"})  // (CPU reads each as its accumulation type: 2**63 overflows)
+    check_scalar_fits(ctx, name, acc);
   Value i = b.iota(TensorType{acc, out.shape}, 0);
   // (start through operand: a runtime input where the graph passes one,
   // x[n:n+k]-style positions in a compiled graph; the length is out's.)
