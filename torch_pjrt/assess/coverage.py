@@ -135,15 +135,15 @@ def _with_decoder_start(model, inputs):
     """generate() starts an encoder-decoder's decoder itself (T5, Bart); the
     plain forward explained here needs the decoder's first token."""
     config = getattr(model, "config", None)
-    if (not isinstance(inputs, dict) or "decoder_input_ids" in inputs or "input_ids" not in inputs
+    if (not isinstance(inputs, dict) or "decoder_input_ids" in inputs or not inputs
             or not getattr(config, "is_encoder_decoder", False)):
         return inputs
     start = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
     if start is None:
         start = getattr(config, "decoder_start_token_id", None)
-    ids = inputs["input_ids"]
-    return {**inputs, "decoder_input_ids": torch.full((ids.shape[0], 1), int(start or 0), dtype=ids.dtype,
-                                                      device=ids.device)}
+    first = next(iter(inputs.values()))  # input_ids, or Whisper's input_features
+    return {**inputs, "decoder_input_ids": torch.full((first.shape[0], 1), int(start or 0), dtype=torch.long,
+                                                      device=first.device)}
 
 
 def recompiles(workload, batch_sizes):

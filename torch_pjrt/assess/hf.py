@@ -3,7 +3,8 @@ LMs are assessed in generation mode (greedy, fixed prompts), other models in
 inference mode, each with the class named in config.architectures (else
 AutoModel / AutoModelForCausalLM; the report's source says which). Prompts
 come from the directory's tokenizer when it has a usable one, else fixed
-token ids (the same on every run)."""
+token ids (the same on every run); vision and audio models get fixed random
+images, waveforms or features shaped by their config."""
 import os
 
 import torch
@@ -77,7 +78,11 @@ def workload(directory, batch_sizes=(1, 2, 4), max_new_tokens=8):
         torch.manual_seed(0)
         return getattr(transformers, cls_name).from_pretrained(directory, dtype=torch.float32)
 
+    main_input = _main_input(cls_name)
+
     def make_inputs(batch_size):
+        if main_input != "input_ids":
+            return {main_input: _signal(config, main_input, batch_size)}
         ids, mask = _token_ids(directory, config, batch_size)
         return {"input_ids": ids, "attention_mask": mask}
 
@@ -104,13 +109,49 @@ def model_class_name(config, causal=False):
     return "AutoModelForCausalLM" if causal else "AutoModel"
 
 
+def _main_input(cls_name):
+    """The input the class's forward takes first: input_ids (text),
+    pixel_values (ViT, ConvNeXT, ResNet...), input_values (Wav2Vec2, HuBERT),
+    input_features (Whisper)."""
+    import transformers
+    name = getattr(getattr(transformers, cls_name, None), "main_input_name", None)
+    return name if name in ("pixel_values", "input_values", "input_features") else "input_ids"
+
+
+def _sub_config(config, *keys):
+    for k in keys:
+        for c in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None)):
+            v = getattr(c, k, None) if c is not None else None
+            if v is not None:
+                return v
+    return None
+
+
+def _signal(config, main_input, batch_size):
+    """Fixed random images or audio shaped as the config says (the same on
+    every run): there is no processor to make them from real data."""
+    g = torch.Generator().manual_seed(0)
+    if main_input == "pixel_values":
+        size = _sub_config(config, "image_size") or 224
+        h, w = (size, size) if isinstance(size, int) else (size[0], size[1])
+        channels = _sub_config(config, "num_channels") or 3
+        return torch.randn(batch_size, channels, h, w, generator=g)
+    if main_input == "input_values":  # one second of 16 kHz audio
+        return torch.randn(batch_size, 16000, generator=g)
+    # input_features: log-mel frames; Whisper wants exactly 2 * max_source_positions of them
+    mels = _sub_config(config, "num_mel_bins") or 80
+    frames = 2 * (_sub_config(config, "max_source_positions") or 1500)
+    return torch.randn(batch_size, mels, frames, generator=g)
+
+
 def _generates_text(cls_name):
-    """Whether the class generates from token ids (GPT2LMHeadModel, T5 or
-    Bart ForConditionalGeneration...): names alone miss these."""
+    """Whether the class generates from token ids or audio features
+    (GPT2LMHeadModel, T5 or Bart ForConditionalGeneration, Whisper): names
+    alone miss these."""
     import transformers
     cls = getattr(transformers, cls_name, None)
     try:
-        return bool(cls.can_generate()) and getattr(cls, "main_input_name", None) == "input_ids"
+        return bool(cls.can_generate()) and getattr(cls, "main_input_name", None) in ("input_ids", "input_features")
     except Exception:  # noqa: BLE001  (an Auto class or an old one without can_generate)
         return False
 
