@@ -157,18 +157,6 @@ std::vector<Value> Builder::op_multi(const std::string& name, const std::vector<
 
 Value Builder::unary(const std::string& name, const Value& x) {
   Value y = op("stablehlo." + name, {x}, x.type);
-  if (name == "tanh" && x.dtype() == DType::F32) {
-    // XLA's float32 tanh is up to 4.6 ulps off and is exactly +-1 from
-    // |x| = 7.999 (CPU from 9.01), so atanh of a tanh-squashed sample (SAC's
-    // log_prob) was inf. From |x| = 0.625 on, 1 - 2 / (exp(2|x|) + 1):
-    // within 1.2 ulps, 0.5 from |x| = 4.
-    Value one = splat(Scalar::from_float(1.0), x.type), two = splat(Scalar::from_float(2.0), x.type);
-    Value ax = op("stablehlo.abs", {x}, x.type);
-    Value e = op("stablehlo.exponential", {binary("multiply", ax, two)}, x.type);
-    Value t = binary("subtract", one, binary("divide", two, binary("add", e, one)));
-    t = select(compare(Cmp::LT, x, splat(Scalar::from_float(0.0), x.type)), op("stablehlo.negate", {t}, x.type), t);
-    return select(compare(Cmp::GE, ax, splat(Scalar::from_float(0.625), x.type)), t, y);
-  }
   if (name != "log_plus_one" || x.dtype() != DType::F64) return y;
   // XLA's float64 log1p is up to 128 ulps off on -0.5 <= x < -0.29 (CPU 1;
   // softplus, logaddexp, xlog1py, BCE reach it): there log(u) * x / (u - 1)
